@@ -1,0 +1,106 @@
+"""The two error transports of the contract, as exceptions.
+
+``RequestRejected`` is raised before acceptance and becomes a non-OK gRPC status. ``EngineFailure``
+is raised after acceptance and becomes the single terminal ``EngineError`` of a stream (or, for a
+unary RPC, which has no accepted phase, a non-OK status mapped from its code). Both carry the
+``ErrorCode`` so clients get the same machine-readable error either way: a rejected call also
+sends the serialized ``EngineError`` in the ``openengine-error-bin`` trailer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from openengine_adapters.types import ErrorCode
+
+ERROR_TRAILER = "openengine-error-bin"
+RETRY_AFTER_TRAILER = "retry-after-ms"
+
+# The gRPC status that a post-acceptance code maps to where a status is needed (unary RPCs).
+STATUS_FOR_CODE: dict[ErrorCode, grpc.StatusCode] = {
+    ErrorCode.UNSPECIFIED: grpc.StatusCode.UNKNOWN,
+    ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.UNSUPPORTED_FEATURE: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.ROLE_MISMATCH: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorCode.MODEL_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorCode.REQUEST_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.DUPLICATE_REQUEST: grpc.StatusCode.ALREADY_EXISTS,
+    ErrorCode.KV_SESSION_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.KV_TRANSFER_FAILED: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
+    ErrorCode.DRAINING: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
+}
+
+
+class RequestRejected(Exception):
+    """Refused before acceptance: the client gets ``status`` and nothing else happens."""
+
+    def __init__(
+        self,
+        status: grpc.StatusCode,
+        message: str,
+        code: ErrorCode = ErrorCode.INVALID_ARGUMENT,
+        *,
+        retry_after_ms: int | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.retry_after_ms = retry_after_ms
+        self.details = details or {}
+
+    @property
+    def retryable(self) -> bool:
+        return self.retry_after_ms is not None
+
+
+def invalid(message: str) -> RequestRejected:
+    """INVALID_ARGUMENT naming the field and the rule, e.g. ``invalid("sampling.top_p: ...")``."""
+    return RequestRejected(grpc.StatusCode.INVALID_ARGUMENT, message, ErrorCode.INVALID_ARGUMENT)
+
+
+def unsupported(message: str) -> RequestRejected:
+    """An explicit option the model does not advertise: INVALID_ARGUMENT, never ignored."""
+    return RequestRejected(grpc.StatusCode.INVALID_ARGUMENT, message, ErrorCode.UNSUPPORTED_FEATURE)
+
+
+def model_not_found(model: str) -> RequestRejected:
+    return RequestRejected(
+        grpc.StatusCode.NOT_FOUND, f"model: unknown model {model!r}", ErrorCode.MODEL_NOT_FOUND
+    )
+
+
+def not_found(message: str, code: ErrorCode = ErrorCode.REQUEST_NOT_FOUND) -> RequestRejected:
+    return RequestRejected(grpc.StatusCode.NOT_FOUND, message, code)
+
+
+def role_mismatch(message: str) -> RequestRejected:
+    return RequestRejected(grpc.StatusCode.FAILED_PRECONDITION, message, ErrorCode.ROLE_MISMATCH)
+
+
+class EngineFailure(Exception):
+    """Failed after acceptance: exactly one terminal ``EngineError`` reports it."""
+
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        retryable: bool = False,
+        retry_after_ms: int | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        if retry_after_ms is not None and not retryable:
+            raise ValueError("retry_after_ms is only valid for retryable errors")
+        self.code = code
+        self.message = message
+        self.retryable = retryable
+        self.retry_after_ms = retry_after_ms
+        self.details = details or {}

@@ -1,0 +1,158 @@
+"""The gRPC server around an OpenEngineService: health, reflection, signals, CLI options.
+
+Every engine's launcher (``python -m openengine_adapters.<engine>``) builds its backend, then
+hands it to ``run`` with the ``ServerConfig`` parsed from the shared flags below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from pydantic import BaseModel, Field
+
+from openengine_adapters.backend import EngineBackend
+from openengine_adapters.service import OpenEngineService, ServiceOptions
+from openengine_adapters.v1 import openengine_pb2, openengine_pb2_grpc
+from openengine_adapters.validation.kv import WILDCARD_HOSTS
+
+log = logging.getLogger(__name__)
+
+ADVERTISE_HOST_ENV = "OPENENGINE_ADVERTISE_HOST"
+OPENENGINE_SERVICE = openengine_pb2.DESCRIPTOR.services_by_name["OpenEngine"].full_name
+
+
+class ServerConfig(BaseModel):
+    """Options shared by every launcher (flags of the same names)."""
+
+    host: str = "0.0.0.0"
+    port: int = Field(50051, ge=0, le=65535)
+    advertise_host: str | None = None
+    instance_id: str = ""
+    max_in_flight: int | None = Field(None, gt=0)
+    retry_after_ms: int = Field(100, ge=0)
+    finished_id_memory: int = Field(65536, gt=0)
+    health_interval_s: float = Field(5.0, gt=0)
+    probe_timeout_s: float = Field(30.0, gt=0)
+    drain_grace_s: float = Field(30.0, ge=0)
+    max_message_mb: int = Field(64, gt=0)
+
+
+def resolve_advertise_host(bind_host: str, flag: str | None) -> str:
+    """Host others should dial: the flag, then $OPENENGINE_ADVERTISE_HOST, then the bind host
+    unless it is a wildcard, then this machine's resolved address. Never a wildcard."""
+    for candidate in (flag, os.environ.get(ADVERTISE_HOST_ENV)):
+        if candidate:
+            if candidate in WILDCARD_HOSTS:
+                raise ValueError(f"advertise host must be routable, not {candidate!r}")
+            return candidate
+    if bind_host not in WILDCARD_HOSTS:
+        return bind_host
+    try:
+        address = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        address = ""
+    return address if address and address not in WILDCARD_HOSTS else "127.0.0.1"
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("OpenEngine server")
+    d = ServerConfig()
+    group.add_argument("--host", default=d.host, help="address to bind the gRPC server to")
+    group.add_argument("--port", type=int, default=d.port, help="gRPC port (0 picks a free one)")
+    group.add_argument("--advertise-host", default=None,
+                       help=f"host published in discovery responses (else ${ADVERTISE_HOST_ENV}, "
+                            "else auto-detected for wildcard binds)")
+    group.add_argument("--instance-id", default="", help="stable id reported in EngineInfo/LoadInfo")
+    group.add_argument("--max-in-flight", type=int, default=None,
+                       help="admission limit; beyond it calls get RESOURCE_EXHAUSTED")
+    group.add_argument("--retry-after-ms", type=int, default=d.retry_after_ms,
+                       help="retry hint sent with RESOURCE_EXHAUSTED")
+    group.add_argument("--drain-grace-s", type=float, default=d.drain_grace_s,
+                       help="on SIGTERM, how long running requests may finish before abort")
+    group.add_argument("--health-interval-s", type=float, default=d.health_interval_s,
+                       help="how often grpc.health.v1 is refreshed from the engine")
+
+
+def server_config_from_args(ns: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(
+        host=ns.host, port=ns.port, advertise_host=ns.advertise_host, instance_id=ns.instance_id,
+        max_in_flight=ns.max_in_flight, retry_after_ms=ns.retry_after_ms,
+        drain_grace_s=ns.drain_grace_s, health_interval_s=ns.health_interval_s,
+    )
+
+
+class OpenEngineServer:
+    """A started grpc.aio server serving one backend."""
+
+    def __init__(self, backend: EngineBackend, config: ServerConfig) -> None:
+        self.config = config
+        self.service = OpenEngineService(backend, ServiceOptions(
+            instance_id=config.instance_id,
+            max_in_flight=config.max_in_flight,
+            retry_after_ms=config.retry_after_ms,
+            finished_id_memory=config.finished_id_memory,
+            advertise_host=resolve_advertise_host(config.host, config.advertise_host),
+            probe_timeout_s=config.probe_timeout_s,
+        ))
+        limit = config.max_message_mb * 1024 * 1024
+        self.grpc_server = grpc.aio.server(options=[
+            ("grpc.max_send_message_length", limit),
+            ("grpc.max_receive_message_length", limit),
+        ])
+        self.grpc_health = health.aio.HealthServicer()
+        self.service.health.grpc_health = self.grpc_health
+        openengine_pb2_grpc.add_OpenEngineServicer_to_server(self.service, self.grpc_server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.grpc_health, self.grpc_server)
+        reflection.enable_server_reflection(
+            (OPENENGINE_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME),
+            self.grpc_server)
+        self.port = 0
+        self._monitor: asyncio.Task | None = None
+
+    async def start(self) -> OpenEngineServer:
+        await self.service.start()
+        self.port = self.grpc_server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        if self.port == 0:
+            raise OSError(f"cannot bind {self.config.host}:{self.config.port}")
+        await self.grpc_server.start()
+        await self.service.health.refresh()
+        self._monitor = asyncio.ensure_future(
+            self.service.health.monitor(self.config.health_interval_s))
+        log.info("OpenEngine gRPC serving %s on %s:%d", self.service.identity.engine_name,
+                 self.config.host, self.port)
+        return self
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Drain (stop accepting, finish or abort after the grace), then stop serving."""
+        grace = self.config.drain_grace_s if grace_s is None else grace_s
+        await self.service.drain_and_stop(grace)
+        await self.grpc_health.enter_graceful_shutdown()
+        if self._monitor is not None:
+            self._monitor.cancel()
+        await self.grpc_server.stop(1.0)
+        await self.service.backend.shutdown()
+
+    async def wait(self) -> None:
+        await self.grpc_server.wait_for_termination()
+
+
+async def run(backend: EngineBackend, config: ServerConfig) -> None:
+    """Serve until SIGTERM/SIGINT, then drain and stop."""
+    server = await OpenEngineServer(backend, config).start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"OpenEngine gRPC server ready on {config.host}:{server.port}", flush=True)
+    await stop.wait()
+    log.info("signal received: draining for up to %.1f s", config.drain_grace_s)
+    await server.stop()

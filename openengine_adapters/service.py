@@ -1,0 +1,536 @@
+"""The engine-agnostic OpenEngine service: all 17 RPCs of openengine.v1 on one EngineBackend.
+
+Every call follows validate -> admit -> register -> backend -> assemble. Anything refused before
+acceptance is a non-OK status (with the EngineError in the ``openengine-error-bin`` trailer);
+after acceptance a stream ends with exactly one terminal event. Cancellation and deadlines stop
+the engine's work; a request's admission slot and id are held until the engine confirms the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import grpc
+
+from openengine_adapters import discovery, schema
+from openengine_adapters.admission import Admission
+from openengine_adapters.backend import EngineBackend, GenerateParams, LoraAdapterInfo
+from openengine_adapters.catalog import ModelCatalog
+from openengine_adapters.drain import Lifecycle, run_drain
+from openengine_adapters.errors import (
+    ERROR_TRAILER,
+    RETRY_AFTER_TRAILER,
+    STATUS_FOR_CODE,
+    EngineFailure,
+    RequestRejected,
+    invalid,
+    not_found,
+)
+from openengine_adapters.health import HealthReporter
+from openengine_adapters.registry import LiveRequest, RequestRegistry
+from openengine_adapters.stream import GenerateStream, engine_error
+from openengine_adapters.task_results import classify_response, embed_response, score_response
+from openengine_adapters.types import EngineRole, ErrorCode, Feature, RuntimeEventType
+from openengine_adapters.v1 import (
+    kv_pb2,
+    lifecycle_pb2,
+    lora_pb2,
+    model_pb2,
+    observability_pb2,
+    openengine_pb2_grpc,
+)
+from openengine_adapters.validation.generate import EngineContext, parse_generate
+from openengine_adapters.validation.kv import WILDCARD_HOSTS, parse_kv_session
+from openengine_adapters.validation.tasks import parse_classify, parse_embed, parse_score
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServiceOptions:
+    instance_id: str = ""
+    max_in_flight: int | None = None
+    retry_after_ms: int = 100
+    finished_id_memory: int = 65536
+    advertise_host: str = "127.0.0.1"
+    probe_timeout_s: float = 30.0
+
+
+def _unimplemented(what: str) -> RequestRejected:
+    return RequestRejected(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not implemented by this engine "
+                           "adapter", ErrorCode.UNSUPPORTED_FEATURE)
+
+
+async def reject(context: grpc.aio.ServicerContext, r: RequestRejected):
+    """End the call with the rejection's status plus the machine-readable EngineError trailer."""
+    err = engine_error(EngineFailure(r.code, r.message, retryable=r.retryable,
+                                     retry_after_ms=r.retry_after_ms, details=r.details))
+    trailer: list[tuple[str, str | bytes]] = [(ERROR_TRAILER, err.SerializeToString())]
+    if r.retry_after_ms is not None:
+        trailer.append((RETRY_AFTER_TRAILER, str(r.retry_after_ms)))
+    await context.abort(r.status, r.message, trailing_metadata=tuple(trailer))
+
+
+def _unary(method):
+    """Turn RequestRejected/EngineFailure from a unary handler into the right status."""
+
+    @functools.wraps(method)
+    async def wrapper(self, request, context):
+        try:
+            return await method(self, request, context)
+        except RequestRejected as r:
+            await reject(context, r)
+        except EngineFailure as f:
+            await reject(context, RequestRejected(STATUS_FOR_CODE[f.code], f.message, f.code,
+                                                  retry_after_ms=f.retry_after_ms, details=f.details))
+
+    return wrapper
+
+
+class OpenEngineService(openengine_pb2_grpc.OpenEngineServicer):
+    def __init__(self, backend: EngineBackend, options: ServiceOptions = ServiceOptions(),
+                 admission: Admission | None = None) -> None:
+        self.backend = backend
+        self.options = options
+        self.identity = backend.identity()
+        self.catalog = ModelCatalog(backend.models())
+        self._check_declarations()
+        self.instance_id = options.instance_id or f"{self.identity.engine_name}-{uuid.uuid4().hex[:12]}"
+        self.registry = RequestRegistry(options.finished_id_memory)
+        self.admission = admission or Admission(options.max_in_flight, options.retry_after_ms)
+        self.lifecycle = Lifecycle()
+        self.health = HealthReporter(backend, self.lifecycle, self.identity.role,
+                                     probe_timeout_s=options.probe_timeout_s)
+        self._loras: dict[str, LoraAdapterInfo] = {}
+        self._lora_lock = asyncio.Lock()
+        self._cleanups: set[asyncio.Task] = set()
+        conn = backend.kv_connector()
+        self._engine = EngineContext(
+            role=self.identity.role,
+            data_parallel_size=self.identity.parallelism.data_parallel_size or 1,
+            loaded_loras=self._loras,
+            transfer_backend=conn.transfer_backend if conn is not None else "",
+        )
+
+    def _check_declarations(self) -> None:
+        """A model card may only advertise what the backend implements."""
+        features = self.backend.features
+        for card in self.catalog.cards:
+            tasks = card.tasks
+            for task, feature in (("embed", Feature.EMBED), ("classify", Feature.CLASSIFY),
+                                  ("score", Feature.SCORE)):
+                cap = getattr(tasks, task, None) if tasks else None
+                if cap is not None and cap.supported and feature not in features:
+                    raise ValueError(f"model {card.model_id} advertises {task} without {feature}")
+            if card.supports_lora and Feature.LORA not in features:
+                raise ValueError(f"model {card.model_id} advertises LoRA without Feature.LORA")
+
+    def _require(self, feature: Feature, what: str) -> None:
+        if feature not in self.backend.features:
+            raise _unimplemented(what)
+
+    async def start(self) -> None:
+        await self.backend.start()
+        if Feature.LORA in self.backend.features:
+            for adapter in await self.backend.list_loras():
+                self._loras[adapter.lora_name] = adapter
+
+    # ------------------------------------------------------------------ generation
+
+    async def Generate(self, request, context) -> AsyncIterator:
+        try:
+            params, entry, chunks = await self._accept_generate(request)
+        except RequestRejected as r:
+            await reject(context, r)
+            return
+        assembler = GenerateStream(params, prefill=self.identity.role == EngineRole.PREFILL)
+        clean = False
+        try:
+            try:
+                async for chunk in chunks:
+                    if chunk.prefill_ready is not None:
+                        self.registry.add_session(chunk.prefill_ready)
+                    for response in assembler.feed(chunk):
+                        yield response
+                    if assembler.done:
+                        break
+                else:
+                    if entry.abort_code == ErrorCode.CANCELLED:
+                        for response in assembler.cancel_remaining(entry.abort_message):
+                            yield response
+                    elif entry.aborted:
+                        yield assembler.error(EngineFailure(
+                            entry.abort_code, entry.abort_message, retryable=True, retry_after_ms=0))
+                    elif not assembler.done:
+                        yield assembler.error(assembler.incomplete())
+            except EngineFailure as failure:
+                if not assembler.done:
+                    yield assembler.error(failure)
+            except (asyncio.CancelledError, GeneratorExit):
+                raise
+            except Exception as exc:
+                log.exception("request %s failed in the engine", params.request_id)
+                if not assembler.done:
+                    yield assembler.error(EngineFailure(ErrorCode.INTERNAL, f"engine error: {exc}"))
+            clean = True
+        finally:
+            cleanup = self._end_request(entry, chunks, engine_running=not assembler.done)
+            if clean:
+                await cleanup
+            else:  # cancelled: finish off the engine work without blocking the cancellation
+                task = asyncio.ensure_future(cleanup)
+                self._cleanups.add(task)
+                task.add_done_callback(self._cleanups.discard)
+
+    async def _accept_generate(self, request):
+        self._require(Feature.GENERATE, "Generate")
+        self.lifecycle.check_accepting()
+        request_id = request.request_id or f"oe-{uuid.uuid4().hex}"
+        card = self.catalog.resolve(request.model)
+        params: GenerateParams = parse_generate(request, request_id, card, self._engine)
+        await self.backend.validate_generate(params)
+        entry = self._admit(request_id, params.kv_session.session_id if params.kv_session else None)
+        try:
+            chunks = await self.backend.generate(params)
+        except BaseException:
+            self._unadmit(entry)
+            raise
+        if entry.aborted:  # Abort arrived while the engine was taking the request
+            await self.backend.abort([request_id])
+        return params, entry, chunks
+
+    def _admit(self, request_id: str, kv_session_id: str | None = None) -> LiveRequest:
+        entry = self.registry.register(request_id, kv_session_id)
+        try:
+            self.admission.acquire()
+        except RequestRejected:
+            self.registry.discard(entry)
+            raise
+        return entry
+
+    def _unadmit(self, entry: LiveRequest) -> None:
+        self.registry.discard(entry)
+        self.admission.release()
+
+    async def _end_request(self, entry: LiveRequest, chunks, engine_running: bool) -> None:
+        try:
+            if engine_running and Feature.ABORT in self.backend.features:
+                await self.backend.abort([entry.request_id])
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        except Exception:
+            log.exception("cleanup of request %s failed", entry.request_id)
+        finally:
+            self.registry.complete(entry)
+            self.admission.release()
+
+    # ------------------------------------------------------------------ tasks
+
+    async def _task(self, request, context, feature: Feature, parse, call, build, task: str):
+        try:
+            self._require(feature, task.capitalize())
+            self.lifecycle.check_accepting()
+            card, params = parse(request, self.catalog, self._loras)
+            entry = self._admit(params.context.request_id)
+        except RequestRejected as r:
+            await reject(context, r)
+        work = asyncio.ensure_future(call(params))
+        entry.on_abort = work.cancel
+        try:
+            result = await work
+            return build(params, result, getattr(card.tasks, task))
+        except asyncio.CancelledError:
+            if work.cancelled() and entry.aborted and asyncio.current_task().cancelling() == 0:
+                failure = RequestRejected(STATUS_FOR_CODE[entry.abort_code], entry.abort_message,
+                                          entry.abort_code)
+            else:  # the client went away: stop the engine work
+                work.cancel()
+                raise
+        except RequestRejected as r:
+            failure = r
+        except EngineFailure as f:
+            failure = RequestRejected(STATUS_FOR_CODE[f.code], f.message, f.code,
+                                      retry_after_ms=f.retry_after_ms, details=f.details)
+        except Exception as exc:
+            log.exception("%s %s failed in the engine", task, params.context.request_id)
+            failure = RequestRejected(grpc.StatusCode.INTERNAL, f"engine error: {exc}",
+                                      ErrorCode.INTERNAL)
+        finally:
+            if not work.done():
+                work.cancel()
+            if work.cancelled() and Feature.ABORT in self.backend.features:
+                task_ = asyncio.ensure_future(self.backend.abort([entry.request_id]))
+                self._cleanups.add(task_)
+                task_.add_done_callback(self._cleanups.discard)
+            self.registry.complete(entry)
+            self.admission.release()
+        await reject(context, failure)
+
+    async def Embed(self, request, context):
+        return await self._task(request, context, Feature.EMBED, parse_embed, self.backend.embed,
+                                embed_response, "embed")
+
+    async def Classify(self, request, context):
+        return await self._task(request, context, Feature.CLASSIFY, parse_classify,
+                                self.backend.classify, classify_response, "classify")
+
+    async def Score(self, request, context):
+        return await self._task(request, context, Feature.SCORE, parse_score, self.backend.score,
+                                score_response, "score")
+
+    # ------------------------------------------------------------------ discovery
+
+    @_unary
+    async def GetEngineInfo(self, request, context):
+        return discovery.engine_info(
+            self.identity, self.instance_id, self.catalog.supported_models,
+            self.backend.kv_connector(), schema.SCHEMA_REVISION, schema.MINIMUM_CLIENT_REVISION,
+            schema.SCHEMA_RELEASE)
+
+    @_unary
+    async def GetModelInfo(self, request: model_pb2.GetModelInfoRequest, context):
+        card = self.catalog.resolve(request.model, required=True)
+        return discovery.model_info(card)
+
+    @_unary
+    async def GetLoad(self, request: observability_pb2.GetLoadRequest, context):
+        self._require(Feature.LOAD, "GetLoad")
+        snapshot = await self.backend.load(request.include_per_rank)
+        info = discovery.load_info(snapshot, self.instance_id)
+        if not info.HasField("timestamp_unix_nanos"):
+            info.timestamp_unix_nanos = time.time_ns()
+        if not request.include_per_rank:
+            del info.ranks[:]
+        return info
+
+    # ------------------------------------------------------------------ health, abort, drain
+
+    @_unary
+    async def Health(self, request: lifecycle_pb2.HealthRequest, context):
+        probe_model = None
+        if request.include_inference_probe:
+            probe_model = self.catalog.resolve(request.model).names[0]
+        elif request.model:
+            self.catalog.resolve(request.model)
+        if request.role not in EngineRole._value2member_map_:
+            raise invalid(f"role: unknown value {request.role}")
+        state, checks = await self.health.report(probe_model, EngineRole(request.role))
+        resp = lifecycle_pb2.HealthResponse(state=int(state))
+        for c in checks:
+            resp.checks.add(name=c.name, state=int(c.state), message=c.message)
+        return resp
+
+    async def abort_entries(self, entries: list[LiveRequest], code: ErrorCode, message: str) -> int:
+        targets = [e for e in entries if e.mark_aborted(code, message)]
+        if targets:
+            await self.backend.abort([e.request_id for e in targets])
+        return len(targets)
+
+    @_unary
+    async def Abort(self, request: lifecycle_pb2.AbortRequest, context):
+        self._require(Feature.ABORT, "Abort")
+        which = request.WhichOneof("target")
+        if which is None:
+            raise invalid("target: exactly one of request_id, kv_session or all_requests must be set")
+        if which == "all_requests":
+            n = await self.abort_entries(self.registry.live(), ErrorCode.CANCELLED,
+                                         "aborted by Abort(all_requests)")
+            return lifecycle_pb2.AbortResponse(status=lifecycle_pb2.ABORT_STATUS_ABORTED,
+                                               message=f"aborted {n} requests")
+        if which == "request_id":
+            rid = request.request_id
+            if not rid:
+                raise invalid("request_id: must be non-empty")
+            entry = self.registry.get(rid)
+            if entry is not None:
+                if entry.aborted:
+                    return lifecycle_pb2.AbortResponse(
+                        status=lifecycle_pb2.ABORT_STATUS_ABORTED, message="abort already in progress")
+                await self.abort_entries([entry], ErrorCode.CANCELLED, "aborted by Abort(request_id)")
+                return lifecycle_pb2.AbortResponse(status=lifecycle_pb2.ABORT_STATUS_ABORTED)
+            if self.registry.is_finished(rid):
+                return lifecycle_pb2.AbortResponse(status=lifecycle_pb2.ABORT_STATUS_ALREADY_FINISHED)
+            raise not_found(f"request_id: no request {rid!r}")
+        session = parse_kv_session(request.kv_session, "kv_session")
+        entries = self.registry.by_session(session.session_id)
+        n = await self.abort_entries(entries, ErrorCode.CANCELLED, "aborted by Abort(kv_session)")
+        known = self.registry.pop_session(session.session_id)
+        released = await self.backend.release_kv_session(known or session)
+        if not entries and known is None and not released:
+            raise not_found(f"kv_session.session_id: no KV session {session.session_id!r}",
+                            ErrorCode.KV_SESSION_NOT_FOUND)
+        return lifecycle_pb2.AbortResponse(
+            status=lifecycle_pb2.ABORT_STATUS_ABORTED,
+            message=f"aborted {n} requests; released session KV: {released or known is not None}")
+
+    def _drain_counts(self) -> tuple[int, int | None]:
+        return len(self.registry), self.open_kv_sessions()
+
+    def open_kv_sessions(self) -> int | None:
+        return self.backend.open_kv_sessions()
+
+    async def _abort_for_drain(self, code: ErrorCode, message: str) -> None:
+        if Feature.ABORT in self.backend.features:
+            await self.abort_entries(self.registry.live(), code, message)
+        for session in self.registry.sessions():
+            self.registry.pop_session(session.session_id)
+            await self.backend.release_kv_session(session)
+
+    async def Drain(self, request: lifecycle_pb2.DrainRequest, context):
+        async for response in run_drain(request, self.lifecycle, self._drain_counts,
+                                        self._abort_for_drain):
+            yield response
+
+    # ------------------------------------------------------------------ LoRA
+
+    def _require_lora(self) -> None:
+        if not any(card.supports_lora for card in self.catalog.cards):
+            raise RequestRejected(grpc.StatusCode.FAILED_PRECONDITION,
+                                  "LoRA is not enabled on this engine", ErrorCode.UNSUPPORTED_FEATURE)
+
+    @_unary
+    async def LoadLora(self, request: lora_pb2.LoadLoraRequest, context):
+        self._require_lora()
+        a = request.adapter
+        if not request.HasField("adapter"):
+            raise invalid("adapter: required")
+        if a.lora_id <= 0:
+            raise invalid("adapter.lora_id: must be positive")
+        if not a.lora_name:
+            raise invalid("adapter.lora_name: must be non-empty")
+        if not os.path.isabs(a.source_path):
+            raise invalid("adapter.source_path: must be an absolute path")
+        if not os.path.isdir(a.source_path):
+            raise invalid(f"adapter.source_path: {a.source_path!r} is not a directory visible "
+                          "to the engine")
+        info = LoraAdapterInfo(a.lora_id, a.lora_name, a.source_path)
+        async with self._lora_lock:
+            for other in self._loras.values():
+                if other == info:
+                    return lora_pb2.LoadLoraResponse(adapter=a, already_loaded=True)
+                clash = [name for name, mine, theirs in (
+                    ("lora_id", info.lora_id, other.lora_id),
+                    ("lora_name", info.lora_name, other.lora_name),
+                    ("source_path", info.source_path, other.source_path)) if mine == theirs]
+                if clash:
+                    raise RequestRejected(
+                        grpc.StatusCode.ALREADY_EXISTS,
+                        f"adapter: {', '.join(clash)} already used by loaded adapter "
+                        f"{other.lora_name!r} (id {other.lora_id}, path {other.source_path!r})",
+                        ErrorCode.INVALID_ARGUMENT)
+            await self.backend.load_lora(info)
+            self._loras[info.lora_name] = info
+        return lora_pb2.LoadLoraResponse(adapter=a, already_loaded=False)
+
+    @_unary
+    async def UnloadLora(self, request: lora_pb2.UnloadLoraRequest, context):
+        self._require_lora()
+        if not request.lora_name:
+            raise invalid("lora_name: must be non-empty")
+        async with self._lora_lock:
+            info = self._loras.get(request.lora_name)
+            if info is None:
+                raise not_found(f"lora_name: no loaded adapter {request.lora_name!r}",
+                                ErrorCode.MODEL_NOT_FOUND)
+            await self.backend.unload_lora(info)
+            del self._loras[info.lora_name]
+        return lora_pb2.UnloadLoraResponse(adapter=lora_pb2.LoraAdapter(
+            lora_id=info.lora_id, lora_name=info.lora_name, source_path=info.source_path))
+
+    @_unary
+    async def ListLoras(self, request, context):
+        self._require_lora()
+        return lora_pb2.ListLorasResponse(adapters=[
+            lora_pb2.LoraAdapter(lora_id=a.lora_id, lora_name=a.lora_name, source_path=a.source_path)
+            for a in sorted(self._loras.values(), key=lambda a: a.lora_id)])
+
+    # ------------------------------------------------------------------ KV and runtime events
+
+    @_unary
+    async def GetKvConnectorInfo(self, request, context):
+        return discovery.kv_connector_info(self.backend.kv_connector())
+
+    @_unary
+    async def GetKvEventSources(self, request: kv_pb2.GetKvEventSourcesRequest, context):
+        self._require(Feature.KV_EVENT_SOURCES, "GetKvEventSources")
+        ranks = list(request.data_parallel_ranks)
+        resp = kv_pb2.GetKvEventSourcesResponse()
+        for src in self.backend.kv_event_sources(ranks):
+            if ranks and src.data_parallel_rank is not None and src.data_parallel_rank not in ranks:
+                continue
+            msg = resp.sources.add()
+            msg.CopyFrom(discovery.kv_event_source(src))
+            if msg.endpoint_addr.host in WILDCARD_HOSTS:
+                msg.endpoint_addr.host = self.options.advertise_host
+        return resp
+
+    async def _event_stream(self, request, context, feature: Feature, what: str,
+                            open_stream: Callable[[], AsyncIterator], wrap: Callable,
+                            response_type) -> AsyncIterator:
+        try:
+            self._require(feature, what)
+            events = open_stream()
+        except RequestRejected as r:
+            await reject(context, r)
+            return
+        try:
+            async for item in events:
+                yield wrap(item)
+        except EngineFailure as failure:
+            yield response_type(error=engine_error(failure))
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception as exc:
+            log.exception("%s stream failed", what)
+            yield response_type(error=engine_error(
+                EngineFailure(ErrorCode.INTERNAL, f"{what} stream failed: {exc}")))
+        finally:
+            aclose = getattr(events, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    def SubscribeKvEvents(self, request: kv_pb2.SubscribeKvEventsRequest, context):
+        return self._event_stream(
+            request, context, Feature.KV_EVENTS, "SubscribeKvEvents",
+            lambda: self.backend.kv_events(list(request.data_parallel_ranks),
+                                           request.include_snapshot, request.start_sequence_number),
+            lambda batch: kv_pb2.SubscribeKvEventsResponse(batch=discovery.kv_event_batch(batch)),
+            kv_pb2.SubscribeKvEventsResponse)
+
+    def SubscribeRuntimeEvents(self, request: observability_pb2.SubscribeRuntimeEventsRequest,
+                               context):
+        def open_stream():
+            types = []
+            for i, t in enumerate(request.types):
+                if t == 0 or t not in RuntimeEventType._value2member_map_:
+                    raise invalid(f"types[{i}]: {t} is not a runtime event type")
+                types.append(RuntimeEventType(t))
+            return self.backend.runtime_events(types)
+
+        return self._event_stream(
+            request, context, Feature.RUNTIME_EVENTS, "SubscribeRuntimeEvents", open_stream,
+            lambda ev: observability_pb2.SubscribeRuntimeEventsResponse(
+                runtime_event=discovery.runtime_event(ev)),
+            observability_pb2.SubscribeRuntimeEventsResponse)
+
+    # ------------------------------------------------------------------ shutdown
+
+    async def drain_and_stop(self, grace_s: float) -> None:
+        """SIGTERM: stop accepting, let work finish for ``grace_s``, then abort what is left."""
+        request = lifecycle_pb2.DrainRequest(stop_accepting_new_requests=True,
+                                             deadline_ms=int(grace_s * 1000),
+                                             abort_after_deadline=True)
+        async for _ in run_drain(request, self.lifecycle, self._drain_counts, self._abort_for_drain):
+            pass
+        if self._cleanups:
+            await asyncio.gather(*self._cleanups, return_exceptions=True)
+
+

@@ -1,0 +1,41 @@
+"""Small helpers for calling the service in tests."""
+
+from __future__ import annotations
+
+import grpc
+
+from openengine_adapters.errors import ERROR_TRAILER
+from openengine_adapters.v1 import error_pb2, generation_pb2
+
+
+def gen_request(prompt: str = "hi", **kw) -> generation_pb2.GenerateRequest:
+    return generation_pb2.GenerateRequest(prompt=prompt, **kw)
+
+
+async def collect(stub, request, timeout: float = 10.0) -> list[generation_pb2.GenerateResponse]:
+    return [r async for r in stub.Generate(request, timeout=timeout)]
+
+
+def rejection(exc: grpc.aio.AioRpcError) -> error_pb2.EngineError | None:
+    for key, value in exc.trailing_metadata() or ():
+        if key == ERROR_TRAILER:
+            return error_pb2.EngineError.FromString(value)
+    return None
+
+
+async def expect_status(call, code: grpc.StatusCode, *fragments: str) -> grpc.aio.AioRpcError:
+    """Await a unary call or drain a stream; assert it fails with ``code`` before any event."""
+    events = []
+    try:
+        if hasattr(call, "__aiter__"):
+            async for r in call:
+                events.append(r)
+        else:
+            await call
+    except grpc.aio.AioRpcError as exc:
+        assert exc.code() == code, f"expected {code}, got {exc.code()}: {exc.details()}"
+        for frag in fragments:
+            assert frag in exc.details(), f"{frag!r} not in {exc.details()!r}"
+        assert not events, f"events were sent before the rejection: {events}"
+        return exc
+    raise AssertionError(f"expected {code}, the call succeeded with {events}")
