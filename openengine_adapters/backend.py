@@ -15,6 +15,7 @@ the service. Raise ``EngineFailure`` for an accepted request that fails.
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -628,24 +629,30 @@ class EngineBackend(abc.ABC):
     async def probe(self, model: str, role: EngineRole) -> None:
         """A minimal role-appropriate inference; raise to report failure.
 
-        The default runs a 1-token aggregated generation; adapters whose role needs another
-        probe (decode without a session, say) override it.
+        The default runs a 1-token generation (AGGREGATED) or a 1-token prefill whose KV session
+        is released at once (PREFILL). A DECODE probe needs a session, so adapters that can
+        decode without one override this.
         """
-        if role != EngineRole.AGGREGATED:
-            raise RuntimeError(f"no inference probe for role {role.name} in this adapter")
+        if role == EngineRole.DECODE:
+            raise RuntimeError("this adapter has no decode probe without a KV session")
         stream = await self.generate(
             GenerateParams(
-                request_id=f"openengine-health-probe-{id(self)}",
+                request_id=f"openengine-health-probe-{time.monotonic_ns()}",
                 model=model,
                 token_ids=(1,),
                 sampling=Sampling(temperature=0.0),
                 stopping=Stopping(max_tokens=1, ignore_eos=True),
             )
         )
-        produced = 0
+        produced, session = 0, None
         async for chunk in stream:
             produced += sum(len(o.token_ids) for o in chunk.outputs)
-        if produced < 1:
+            session = chunk.prefill_ready or session
+        if role == EngineRole.PREFILL:
+            if session is None:
+                raise RuntimeError("prefill probe ended without a KV session")
+            await self.release_kv_session(session)
+        elif produced < 1:
             raise RuntimeError("probe produced no token")
 
     # generation and tasks ------------------------------------------------------

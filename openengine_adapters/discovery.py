@@ -41,6 +41,24 @@ def fill(msg, obj, skip: frozenset[str] = frozenset()):
     return msg
 
 
+def card_problems(obj, path: str = "") -> list[str]:
+    """Where a model card breaks the discovery rules: UNSPECIFIED (0) in a capability list, or
+    a reported limit/dimension that is not > 0."""
+    problems = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        where = f"{path}{f.name}"
+        if dataclasses.is_dataclass(value):
+            problems += card_problems(value, where + ".")
+        elif isinstance(value, tuple) and value and isinstance(value[0], IntEnum):
+            if any(int(v) == 0 for v in value):
+                problems.append(f"{where} contains UNSPECIFIED")
+        elif isinstance(value, int) and not isinstance(value, bool) and value <= 0 and (
+                f.name.startswith(("max_", "total_")) or f.name in ("dimension", "kv_block_size")):
+            problems.append(f"{where} must be > 0, got {value}")
+    return problems
+
+
 def model_info(card: be.ModelCard) -> model_pb2.ModelInfo:
     msg = fill(model_pb2.ModelInfo(), card, frozenset({"served_model_name"}))
     msg.served_model_name = card.names[0]

@@ -78,6 +78,11 @@ async def reject(context: grpc.aio.ServicerContext, r: RequestRejected):
     await context.abort(r.status, r.message, trailing_metadata=tuple(trailer))
 
 
+def _lora_message(info: LoraAdapterInfo) -> lora_pb2.LoraAdapter:
+    return lora_pb2.LoraAdapter(lora_id=info.lora_id, lora_name=info.lora_name,
+                                source_path=info.source_path)
+
+
 def _unary(method):
     """Turn RequestRejected/EngineFailure from a unary handler into the right status."""
 
@@ -120,9 +125,13 @@ class OpenEngineService(openengine_pb2_grpc.OpenEngineServicer):
         )
 
     def _check_declarations(self) -> None:
-        """A model card may only advertise what the backend implements."""
+        """A model card may only advertise what the backend implements, within the spec's
+        discovery rules (no UNSPECIFIED in lists, limits > 0): a bad card stops start-up."""
         features = self.backend.features
         for card in self.catalog.cards:
+            problems = discovery.card_problems(card)
+            if problems:
+                raise ValueError(f"model card {card.model_id!r} breaks the contract: {'; '.join(problems)}")
             tasks = card.tasks
             for task, feature in (("embed", Feature.EMBED), ("classify", Feature.CLASSIFY),
                                   ("score", Feature.SCORE)):
@@ -234,9 +243,10 @@ class OpenEngineService(openengine_pb2_grpc.OpenEngineServicer):
 
     # ------------------------------------------------------------------ tasks
 
-    async def _task(self, request, context, feature: Feature, parse, call, build, task: str):
+    async def _task(self, request, context, parse, call, build, task: str):
         try:
-            self._require(feature, task.capitalize())
+            # no _require here: without the feature no card advertises the task, and the spec
+            # answers an unsupported task with FAILED_PRECONDITION (from parse)
             self.lifecycle.check_accepting()
             card, params = parse(request, self.catalog, self._loras)
             entry = self._admit(params.context.request_id)
@@ -275,15 +285,15 @@ class OpenEngineService(openengine_pb2_grpc.OpenEngineServicer):
         await reject(context, failure)
 
     async def Embed(self, request, context):
-        return await self._task(request, context, Feature.EMBED, parse_embed, self.backend.embed,
+        return await self._task(request, context, parse_embed, self.backend.embed,
                                 embed_response, "embed")
 
     async def Classify(self, request, context):
-        return await self._task(request, context, Feature.CLASSIFY, parse_classify,
+        return await self._task(request, context, parse_classify,
                                 self.backend.classify, classify_response, "classify")
 
     async def Score(self, request, context):
-        return await self._task(request, context, Feature.SCORE, parse_score, self.backend.score,
+        return await self._task(request, context, parse_score, self.backend.score,
                                 score_response, "score")
 
     # ------------------------------------------------------------------ discovery
@@ -411,11 +421,12 @@ class OpenEngineService(openengine_pb2_grpc.OpenEngineServicer):
         if not os.path.isdir(a.source_path):
             raise invalid(f"adapter.source_path: {a.source_path!r} is not a directory visible "
                           "to the engine")
-        info = LoraAdapterInfo(a.lora_id, a.lora_name, a.source_path)
+        # one directory has one identity however it is spelled (trailing slash, symlink, ..)
+        info = LoraAdapterInfo(a.lora_id, a.lora_name, os.path.realpath(a.source_path))
         async with self._lora_lock:
             for other in self._loras.values():
                 if other == info:
-                    return lora_pb2.LoadLoraResponse(adapter=a, already_loaded=True)
+                    return lora_pb2.LoadLoraResponse(adapter=_lora_message(other), already_loaded=True)
                 clash = [name for name, mine, theirs in (
                     ("lora_id", info.lora_id, other.lora_id),
                     ("lora_name", info.lora_name, other.lora_name),
@@ -428,7 +439,7 @@ class OpenEngineService(openengine_pb2_grpc.OpenEngineServicer):
                         ErrorCode.INVALID_ARGUMENT)
             await self.backend.load_lora(info)
             self._loras[info.lora_name] = info
-        return lora_pb2.LoadLoraResponse(adapter=a, already_loaded=False)
+        return lora_pb2.LoadLoraResponse(adapter=_lora_message(info), already_loaded=False)
 
     @_unary
     async def UnloadLora(self, request: lora_pb2.UnloadLoraRequest, context):
@@ -442,15 +453,13 @@ class OpenEngineService(openengine_pb2_grpc.OpenEngineServicer):
                                 ErrorCode.MODEL_NOT_FOUND)
             await self.backend.unload_lora(info)
             del self._loras[info.lora_name]
-        return lora_pb2.UnloadLoraResponse(adapter=lora_pb2.LoraAdapter(
-            lora_id=info.lora_id, lora_name=info.lora_name, source_path=info.source_path))
+        return lora_pb2.UnloadLoraResponse(adapter=_lora_message(info))
 
     @_unary
     async def ListLoras(self, request, context):
         self._require_lora()
         return lora_pb2.ListLorasResponse(adapters=[
-            lora_pb2.LoraAdapter(lora_id=a.lora_id, lora_name=a.lora_name, source_path=a.source_path)
-            for a in sorted(self._loras.values(), key=lambda a: a.lora_id)])
+            _lora_message(a) for a in sorted(self._loras.values(), key=lambda a: a.lora_id)])
 
     # ------------------------------------------------------------------ KV and runtime events
 
@@ -497,16 +506,18 @@ class OpenEngineService(openengine_pb2_grpc.OpenEngineServicer):
             if aclose is not None:
                 await aclose()
 
-    def SubscribeKvEvents(self, request: kv_pb2.SubscribeKvEventsRequest, context):
-        return self._event_stream(
+    async def SubscribeKvEvents(self, request: kv_pb2.SubscribeKvEventsRequest, context):
+        stream = self._event_stream(
             request, context, Feature.KV_EVENTS, "SubscribeKvEvents",
             lambda: self.backend.kv_events(list(request.data_parallel_ranks),
                                            request.include_snapshot, request.start_sequence_number),
             lambda batch: kv_pb2.SubscribeKvEventsResponse(batch=discovery.kv_event_batch(batch)),
             kv_pb2.SubscribeKvEventsResponse)
+        async for response in stream:
+            yield response
 
-    def SubscribeRuntimeEvents(self, request: observability_pb2.SubscribeRuntimeEventsRequest,
-                               context):
+    async def SubscribeRuntimeEvents(self, request: observability_pb2.SubscribeRuntimeEventsRequest,
+                                     context):
         def open_stream():
             types = []
             for i, t in enumerate(request.types):
@@ -515,11 +526,13 @@ class OpenEngineService(openengine_pb2_grpc.OpenEngineServicer):
                 types.append(RuntimeEventType(t))
             return self.backend.runtime_events(types)
 
-        return self._event_stream(
+        stream = self._event_stream(
             request, context, Feature.RUNTIME_EVENTS, "SubscribeRuntimeEvents", open_stream,
             lambda ev: observability_pb2.SubscribeRuntimeEventsResponse(
                 runtime_event=discovery.runtime_event(ev)),
             observability_pb2.SubscribeRuntimeEventsResponse)
+        async for response in stream:
+            yield response
 
     # ------------------------------------------------------------------ shutdown
 

@@ -12,6 +12,8 @@ token lists beyond the message itself.
 
 from __future__ import annotations
 
+from google.protobuf import json_format
+
 from openengine_adapters import backend as be
 from openengine_adapters.discovery import kv_session_ref
 from openengine_adapters.errors import EngineFailure
@@ -25,8 +27,6 @@ LogProb = generation_pb2.LogProb
 
 
 def engine_error(failure: EngineFailure) -> error_pb2.EngineError:
-    from google.protobuf import json_format
-
     err = error_pb2.EngineError(code=int(failure.code), message=failure.message,
                                 retryable=failure.retryable)
     if failure.retryable and failure.retry_after_ms is not None:
@@ -109,8 +109,13 @@ class GenerateStream:
                     usage=self.usage(),
                 ))
             return out
-        for delta in chunk.outputs:
-            self._output(delta, out)
+        completion = self._completion
+        try:
+            for delta in chunk.outputs:
+                self._output(delta, out)
+        except EngineFailure:
+            self._completion = completion  # usage counts only what was streamed
+            raise
         return out
 
     def _prompt_output(self, tokens: list[be.PromptToken]) -> GenerateResponse:
@@ -142,7 +147,7 @@ class GenerateStream:
                 if len(names) != len(ids) or len(lps) != len(ids):
                     raise EngineFailure(ErrorCode.INTERNAL,
                                         "engine token strings/logprobs are not aligned with token ids")
-                for t, name, lp in zip(ids, names, lps):
+                for t, name, lp in zip(ids, names, lps, strict=True):
                     infos.append(_token_info(t, name, lp))
             self._completion += len(ids)
             out.append(GenerateResponse(request_id=self.request_id, token=tok))

@@ -10,7 +10,7 @@ import math
 
 from openengine_adapters import backend as be
 from openengine_adapters.errors import EngineFailure
-from openengine_adapters.types import ErrorCode, Granularity, ValueSemantics
+from openengine_adapters.types import EmbeddingEncoding, ErrorCode, Granularity, ValueSemantics
 from openengine_adapters.v1 import (
     classification_pb2,
     embedding_pb2,
@@ -34,9 +34,12 @@ def _check_shape(shape, where: str) -> int:
     return size
 
 
+_FLT_MAX = 3.4028234663852886e38  # values are FP32 on the wire: larger magnitudes become inf
+
+
 def _check_finite(values, where: str) -> None:
-    if not all(map(math.isfinite, values)):
-        raise _broken(f"{where}: every value must be finite")
+    if not all(math.isfinite(v) and -_FLT_MAX <= v <= _FLT_MAX for v in values):
+        raise _broken(f"{where}: every value must be finite (as FP32)")
 
 
 def dense(t: be.DenseTensor, where: str, limit: int | None = None) -> tasks_pb2.DenseFloatTensor:
@@ -54,7 +57,7 @@ def sparse(t: be.SparseTensor, where: str, limit: int | None = None) -> tasks_pb
     indices, values = list(t.indices), list(t.values)
     if len(indices) != len(values):
         raise _broken(f"{where}: {len(indices)} indices but {len(values)} values")
-    if any(b <= a for a, b in zip(indices, indices[1:])):
+    if any(b <= a for a, b in zip(indices, indices[1:], strict=False)):
         raise _broken(f"{where}: indices must be unique and strictly increasing")
     if indices and (indices[0] < 0 or indices[-1] >= size):
         raise _broken(f"{where}: every index must be in [0, {size})")
@@ -97,20 +100,23 @@ def embed_response(p: be.EmbedParams, r: be.EmbedResult, cap: be.EmbedSupport
                    ) -> embedding_pb2.EmbedResponse:
     _count(r.outputs, p.inputs, "embeddings")
     resp = embedding_pb2.EmbedResponse(request_id=p.context.request_id, usage=_usage(r.usage))
-    for i, (item, out) in enumerate(zip(p.inputs, r.outputs)):
+    for i, (item, out) in enumerate(zip(p.inputs, r.outputs, strict=True)):
         where = f"outputs[{i}]"
+        sparse_out = isinstance(out.tensor, be.SparseTensor)
+        tensor = (sparse if sparse_out else dense)(out.tensor, where, cap.max_output_values_per_item)
         if p.granularity is not None and out.granularity != p.granularity:
             raise _broken(f"{where}: asked for {p.granularity.name}, got {out.granularity.name}")
         _check_rank(out.tensor.shape, out.granularity, where)
-        if p.dimensions is not None and out.tensor.shape[-1] != p.dimensions:
-            raise _broken(f"{where}: asked for {p.dimensions} dimensions, got {out.tensor.shape[-1]}")
+        want = p.dimensions if p.dimensions is not None else cap.dimension
+        if want is not None and out.tensor.shape[-1] != want:
+            raise _broken(f"{where}: expected dimension {want}, got {out.tensor.shape[-1]}")
+        if p.encoding is not None and sparse_out != (p.encoding == EmbeddingEncoding.SPARSE):
+            raise _broken(f"{where}: asked for encoding {p.encoding.name}, got "
+                          f"{'SPARSE' if sparse_out else 'DENSE'}")
+        _check_token_ids(out.token_ids, out.tensor.shape, out.granularity, where)
         o = resp.outputs.add(item_id=item.item_id, input_index=i, granularity=int(out.granularity),
                              token_ids=out.token_ids)
-        _check_token_ids(out.token_ids, out.tensor.shape, out.granularity, where)
-        if isinstance(out.tensor, be.SparseTensor):
-            o.sparse.CopyFrom(sparse(out.tensor, where, cap.max_output_values_per_item))
-        else:
-            o.dense.CopyFrom(dense(out.tensor, where, cap.max_output_values_per_item))
+        (o.sparse if sparse_out else o.dense).CopyFrom(tensor)
     return resp
 
 
@@ -118,7 +124,7 @@ def classify_response(p: be.ClassifyParams, r: be.ClassifyResult, cap: be.Classi
                       ) -> classification_pb2.ClassifyResponse:
     _count(r.outputs, p.inputs, "classifications")
     resp = classification_pb2.ClassifyResponse(request_id=p.context.request_id, usage=_usage(r.usage))
-    for i, (item, out) in enumerate(zip(p.inputs, r.outputs)):
+    for i, (item, out) in enumerate(zip(p.inputs, r.outputs, strict=True)):
         where = f"outputs[{i}]"
         if out.semantics == ValueSemantics.UNSPECIFIED:
             raise _broken(f"{where}.semantics: must report the actual semantics")
@@ -160,11 +166,11 @@ def score_response(p: be.ScoreParams, r: be.ScoreResult, cap: be.ScoreSupport
     )
     if r.higher_is_better is not None:
         resp.higher_is_better = r.higher_is_better
-    for g, (group, outs) in enumerate(zip(p.groups, r.groups)):
+    for g, (group, outs) in enumerate(zip(p.groups, r.groups, strict=True)):
         if len(outs) != len(group.candidates):
             raise _broken(f"groups[{g}]: {len(outs)} scores for {len(group.candidates)} candidates")
         go = resp.groups.add(group_id=group.group_id, group_index=g)
-        for c, (cand, out) in enumerate(zip(group.candidates, outs)):
+        for c, (cand, out) in enumerate(zip(group.candidates, outs, strict=True)):
             where = f"groups[{g}].candidates[{c}]"
             _check_rank(out.scores.shape, r.granularity, where)
             if p.label_token_ids and out.scores.shape[-1] != len(p.label_token_ids):

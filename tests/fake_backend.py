@@ -144,7 +144,7 @@ class FakeBackend(be.EngineBackend):
         self.probe_calls += 1
         if self.role == EngineRole.DECODE:
             return  # the fake decodes without a session for probes
-        await super().probe(model, EngineRole.AGGREGATED)
+        await super().probe(model, role)
 
     # generation ----------------------------------------------------------------
     async def validate_generate(self, params):
@@ -401,7 +401,7 @@ class FakeBackend(be.EngineBackend):
                     row.append(be.CandidateScore(be.DenseTensor((len(labels),), lps)))
                 else:
                     v = self._normalized(self._vector(ids))
-                    row.append(be.CandidateScore(be.DenseTensor((1,), [sum(a * b for a, b in zip(q, v))])))
+                    row.append(be.CandidateScore(be.DenseTensor((1,), [sum(a * b for a, b in zip(q, v, strict=True))])))
             groups.append(row)
         if labels:
             softmax = p.normalization == ScoreNormalization.SOFTMAX

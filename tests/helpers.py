@@ -39,3 +39,11 @@ async def expect_status(call, code: grpc.StatusCode, *fragments: str) -> grpc.ai
         assert not events, f"events were sent before the rejection: {events}"
         return exc
     raise AssertionError(f"expected {code}, the call succeeded with {events}")
+
+
+async def read_rest(call) -> list:
+    """The remaining responses of a stream already read with ``call.read()``."""
+    out = []
+    while (r := await call.read()) is not grpc.aio.EOF:
+        out.append(r)
+    return out

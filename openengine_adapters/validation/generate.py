@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from openengine_adapters.backend import (
     CandidateSelection,
     GenerateParams,
-    Guided,
     GenerationSupport,
+    Guided,
     LogprobRequest,
     LogprobSupport,
     Media,
@@ -25,6 +25,7 @@ from openengine_adapters.backend import (
 )
 from openengine_adapters.errors import invalid, not_found, role_mismatch, unsupported
 from openengine_adapters.types import CandidateMode, EngineRole, ErrorCode, GuidedMode
+from openengine_adapters.v1 import generation_pb2
 from openengine_adapters.validation.inputs import (
     check_finite,
     check_media,
@@ -33,7 +34,6 @@ from openengine_adapters.validation.inputs import (
     media_modality,
 )
 from openengine_adapters.validation.kv import parse_kv_session
-from openengine_adapters.v1 import generation_pb2
 
 _NO_GENERATION = GenerationSupport()
 _GUIDED_FIELDS = {

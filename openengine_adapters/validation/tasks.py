@@ -34,9 +34,9 @@ from openengine_adapters.types import (
     TaskInputType,
     ValueSemantics,
 )
+from openengine_adapters.v1 import classification_pb2, embedding_pb2, scoring_pb2, tasks_pb2
 from openengine_adapters.validation.generate import parse_media_item
 from openengine_adapters.validation.inputs import check_media, check_token_ids, check_unique
-from openengine_adapters.v1 import classification_pb2, embedding_pb2, scoring_pb2, tasks_pb2
 
 _INPUT_TYPES = {
     "text": TaskInputType.TEXT,

@@ -1,0 +1,157 @@
+"""Typed async client for openengine.v1 that fails closed on an incompatible server.
+
+``connect()`` reads GetEngineInfo and refuses a server whose schema revision or release is
+outside the range this client was tested with, or that requires a newer client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+
+import grpc
+
+from openengine_adapters import schema
+from openengine_adapters.v1 import (
+    classification_pb2,
+    embedding_pb2,
+    engine_pb2,
+    generation_pb2,
+    kv_pb2,
+    lifecycle_pb2,
+    lora_pb2,
+    model_pb2,
+    observability_pb2,
+    openengine_pb2_grpc,
+    scoring_pb2,
+)
+
+CLIENT_REVISION = schema.SCHEMA_REVISION
+TESTED_SERVER_REVISIONS = range(1, 2)
+TESTED_RELEASES = frozenset({schema.SCHEMA_RELEASE})
+
+
+class IncompatibleServer(RuntimeError):
+    """The server's advertised contract is outside this client's tested range."""
+
+
+def check_compatible(info: engine_pb2.EngineInfo, revisions: range = TESTED_SERVER_REVISIONS,
+                     releases: Iterable[str] = TESTED_RELEASES) -> None:
+    if info.schema_revision == 0:
+        raise IncompatibleServer("server reports schema_revision 0 (invalid)")
+    if info.schema_revision not in revisions:
+        raise IncompatibleServer(f"server schema_revision {info.schema_revision} is outside the tested "
+                                 f"range {revisions.start}..{revisions.stop - 1}")
+    if info.minimum_client_revision > CLIENT_REVISION:
+        raise IncompatibleServer(f"server requires client revision >= {info.minimum_client_revision}, "
+                                 f"this client is revision {CLIENT_REVISION}")
+    if info.schema_release not in frozenset(releases):
+        raise IncompatibleServer(f"server schema_release {info.schema_release!r} is not a tested release")
+
+
+class OpenEngineClient:
+    def __init__(self, target: str, *, credentials: grpc.ChannelCredentials | None = None,
+                 options: Iterable[tuple[str, object]] = ()) -> None:
+        self.target = target
+        self.channel = (grpc.aio.secure_channel(target, credentials, options=list(options))
+                        if credentials is not None
+                        else grpc.aio.insecure_channel(target, options=list(options)))
+        self.stub = openengine_pb2_grpc.OpenEngineStub(self.channel)
+        self.engine_info: engine_pb2.EngineInfo | None = None
+
+    async def connect(self, timeout: float | None = 10.0) -> engine_pb2.EngineInfo:
+        """Fetch and check EngineInfo; raises IncompatibleServer (and closes) when out of range."""
+        info = await self.stub.GetEngineInfo(engine_pb2.GetEngineInfoRequest(), timeout=timeout)
+        try:
+            check_compatible(info)
+        except IncompatibleServer:
+            await self.close()
+            raise
+        self.engine_info = info
+        return info
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def __aenter__(self) -> OpenEngineClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    # generation and tasks
+    def generate(self, request: generation_pb2.GenerateRequest, timeout: float | None = None
+                 ) -> AsyncIterator[generation_pb2.GenerateResponse]:
+        return self.stub.Generate(request, timeout=timeout)
+
+    async def embed(self, request: embedding_pb2.EmbedRequest, timeout: float | None = None):
+        return await self.stub.Embed(request, timeout=timeout)
+
+    async def classify(self, request: classification_pb2.ClassifyRequest, timeout: float | None = None):
+        return await self.stub.Classify(request, timeout=timeout)
+
+    async def score(self, request: scoring_pb2.ScoreRequest, timeout: float | None = None):
+        return await self.stub.Score(request, timeout=timeout)
+
+    # discovery
+    async def get_model_info(self, model: str) -> model_pb2.ModelInfo:
+        return await self.stub.GetModelInfo(model_pb2.GetModelInfoRequest(model=model))
+
+    async def get_load(self, include_per_rank: bool = False) -> observability_pb2.LoadInfo:
+        return await self.stub.GetLoad(observability_pb2.GetLoadRequest(include_per_rank=include_per_rank))
+
+    # lifecycle
+    async def health(self, include_inference_probe: bool = False, model: str = "",
+                     role: int = 0) -> lifecycle_pb2.HealthResponse:
+        return await self.stub.Health(lifecycle_pb2.HealthRequest(
+            include_inference_probe=include_inference_probe, model=model, role=role))
+
+    async def abort(self, request_id: str | None = None, *, kv_session: kv_pb2.KvSessionRef | None = None,
+                    all_requests: bool = False) -> lifecycle_pb2.AbortResponse:
+        targets = [request_id is not None, kv_session is not None, all_requests]
+        if sum(targets) != 1:
+            raise ValueError("abort takes exactly one of request_id, kv_session, all_requests")
+        if request_id is not None:
+            req = lifecycle_pb2.AbortRequest(request_id=request_id)
+        elif kv_session is not None:
+            req = lifecycle_pb2.AbortRequest(kv_session=kv_session)
+        else:
+            req = lifecycle_pb2.AbortRequest(all_requests=lifecycle_pb2.AllRequests())
+        return await self.stub.Abort(req)
+
+    def drain(self, stop_accepting_new_requests: bool = True, deadline_ms: int | None = None,
+              abort_after_deadline: bool = False) -> AsyncIterator[lifecycle_pb2.DrainResponse]:
+        req = lifecycle_pb2.DrainRequest(stop_accepting_new_requests=stop_accepting_new_requests,
+                                         abort_after_deadline=abort_after_deadline)
+        if deadline_ms is not None:
+            req.deadline_ms = deadline_ms
+        return self.stub.Drain(req)
+
+    # LoRA
+    async def load_lora(self, lora_id: int, lora_name: str, source_path: str) -> lora_pb2.LoadLoraResponse:
+        return await self.stub.LoadLora(lora_pb2.LoadLoraRequest(adapter=lora_pb2.LoraAdapter(
+            lora_id=lora_id, lora_name=lora_name, source_path=source_path)))
+
+    async def unload_lora(self, lora_name: str) -> lora_pb2.UnloadLoraResponse:
+        return await self.stub.UnloadLora(lora_pb2.UnloadLoraRequest(lora_name=lora_name))
+
+    async def list_loras(self) -> lora_pb2.ListLorasResponse:
+        return await self.stub.ListLoras(lora_pb2.ListLorasRequest())
+
+    # KV and runtime events
+    async def get_kv_connector_info(self) -> kv_pb2.KvConnectorInfo:
+        return await self.stub.GetKvConnectorInfo(kv_pb2.GetKvConnectorInfoRequest())
+
+    async def get_kv_event_sources(self, ranks: Iterable[int] = ()) -> kv_pb2.GetKvEventSourcesResponse:
+        return await self.stub.GetKvEventSources(kv_pb2.GetKvEventSourcesRequest(
+            data_parallel_ranks=list(ranks)))
+
+    def subscribe_kv_events(self, ranks: Iterable[int] = (), include_snapshot: bool = False,
+                            start_sequence_number: int = 0):
+        return self.stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest(
+            data_parallel_ranks=list(ranks), include_snapshot=include_snapshot,
+            start_sequence_number=start_sequence_number))
+
+    def subscribe_runtime_events(self, types: Iterable[int] = ()):
+        return self.stub.SubscribeRuntimeEvents(observability_pb2.SubscribeRuntimeEventsRequest(
+            types=list(types)))

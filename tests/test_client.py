@@ -1,0 +1,77 @@
+"""The bundled client (fail-closed revision check) and the gateway reranking helper."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import gen_request
+
+from openengine_adapters import schema
+from openengine_adapters.client import IncompatibleServer, OpenEngineClient, check_compatible
+from openengine_adapters.rerank import NotRankable, rerank
+from openengine_adapters.v1 import engine_pb2, scoring_pb2, tasks_pb2
+
+
+async def test_client_connects_and_calls(oe):
+    async with OpenEngineClient(oe.target) as client:
+        assert client.engine_info.schema_revision == 1
+        events = [r async for r in client.generate(gen_request("hi"))]
+        assert events[-1].HasField("usage")
+        assert (await client.get_model_info("tiny")).served_model_name == "tiny"
+        assert (await client.health()).state
+        assert [d.state async for d in client.drain(stop_accepting_new_requests=False)][-1] == 3
+        with pytest.raises(ValueError):
+            await client.abort()
+
+
+def info(**kw):
+    fields = dict(schema_revision=1, minimum_client_revision=1, schema_release=schema.SCHEMA_RELEASE)
+    fields.update(kw)
+    return engine_pb2.EngineInfo(**fields)
+
+
+@pytest.mark.parametrize("bad,fragment", [
+    (info(schema_revision=0), "invalid"),
+    (info(schema_revision=2), "outside"),
+    (info(minimum_client_revision=2), "requires client"),
+    (info(schema_release="main"), "not a tested release"),
+    (info(schema_release=""), "not a tested release"),
+])
+def test_client_fails_closed(bad, fragment):
+    with pytest.raises(IncompatibleServer, match=fragment):
+        check_compatible(bad)
+    check_compatible(info())
+
+
+async def test_client_refuses_incompatible_server(oe, monkeypatch):
+    monkeypatch.setattr(schema, "SCHEMA_RELEASE", "main")
+    client = OpenEngineClient(oe.target)
+    with pytest.raises(IncompatibleServer):
+        await client.connect()
+
+
+def score_response(values, higher=True, indexes=None):
+    resp = scoring_pb2.ScoreResponse()
+    if higher is not None:
+        resp.higher_is_better = higher
+    group = resp.groups.add(group_id="g", group_index=0)
+    for i, v in enumerate(values):
+        group.candidates.add(candidate_id=f"c{i}", candidate_index=i if indexes is None else indexes[i],
+                             scores=tasks_pb2.DenseFloatTensor(shape=[len(v)], values=v))
+    return resp
+
+
+def test_rerank_stable_by_direction_ties_by_index_top_n():
+    resp = score_response([[0.5], [0.9], [0.5], [0.1]])
+    docs = ["a", "b", "c", "d"]
+    ranked = rerank(resp, documents=docs)
+    assert [r.candidate_index for r in ranked] == [1, 0, 2, 3]
+    assert [r.document for r in ranked] == ["b", "a", "c", "d"]
+    assert [r.candidate_index for r in rerank(score_response([[0.5], [0.9], [0.5]], higher=False))] == [0, 2, 1]
+    assert [r.candidate_id for r in rerank(resp, top_n=2)] == ["c1", "c0"]
+    assert rerank(resp, top_n=0) == []
+
+
+@pytest.mark.parametrize("resp", [score_response([[0.5]], higher=None), score_response([[0.5, 0.1]])])
+def test_rerank_refuses_unrankable(resp):
+    with pytest.raises(NotRankable):
+        rerank(resp)
