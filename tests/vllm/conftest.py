@@ -1,0 +1,69 @@
+"""Real vLLM engines (CPU) behind the OpenEngine server, one per test module.
+
+Every async test here runs in the session's event loop (each module sets ``pytestmark``),
+because an AsyncLLM is bound to the
+loop it was created in; engines are module-scoped so that only one lives at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from openengine_adapters.server import OpenEngineServer, ServerConfig  # noqa: E402
+from openengine_adapters.v1 import openengine_pb2_grpc  # noqa: E402
+
+# Test modules here declare: pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    from openengine_adapters.vllm.demo_model import build_tiny_llama
+
+    return build_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+def engine_args(model, **overrides):
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    kw = dict(model=str(model), enforce_eager=True, gpu_memory_utilization=0.2, max_model_len=512,
+              served_model_name=["tiny"], seed=0, dtype="float32")
+    kw.update(overrides)
+    return AsyncEngineArgs(**kw)
+
+
+class Served:
+    def __init__(self, server, channel, backend):
+        self.server = server
+        self.service = server.service
+        self.backend = backend
+        self.engine = backend.engine
+        self.channel = channel
+        self.stub = openengine_pb2_grpc.OpenEngineStub(channel)
+        self.target = f"127.0.0.1:{server.port}"
+
+
+@contextlib.asynccontextmanager
+async def serve_vllm(args, **config):
+    from openengine_adapters.vllm.engine import start_backend
+
+    backend = await start_backend(args)
+    server = await OpenEngineServer(backend, ServerConfig(host="127.0.0.1", port=0, drain_grace_s=1.0,
+                                                          advertise_host="127.0.0.1", **config)).start()
+    channel = grpc.aio.insecure_channel(server.config.host + f":{server.port}")
+    try:
+        yield Served(server, channel, backend)
+    finally:
+        await channel.close()
+        await server.stop(1.0)
