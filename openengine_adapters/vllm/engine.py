@@ -31,10 +31,13 @@ async def start_backend(ns_or_args, role: EngineRole = EngineRole.AGGREGATED):
     engine_args = (AsyncEngineArgs.from_cli_args(ns_or_args)
                    if isinstance(ns_or_args, argparse.Namespace) else ns_or_args)
     stats = StatsCollector()
+    names = engine_args.served_model_name
+    names = [names] if isinstance(names, str) else list(names or ())
     engine = AsyncLLM.from_engine_args(engine_args, stat_loggers=[stats.factory])
     try:
+        # vLLM's model config keeps only the first served name; the rest are our aliases
         return await VllmBackend.create(engine, role=role, stats=stats, version=vllm.__version__,
-                                        owns_engine=True)
+                                        owns_engine=True, served_model_names=names)
     except BaseException:
         engine.shutdown()
         raise

@@ -1,0 +1,92 @@
+"""The sidecar as a user runs it: ``python -m openengine_adapters.vllm`` with vLLM's own flags."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+from helpers import collect
+from stream_contract import check_generate_stream
+
+from openengine_adapters.client import OpenEngineClient
+from openengine_adapters.v1 import generation_pb2 as g
+from openengine_adapters.v1 import lifecycle_pb2, openengine_pb2_grpc
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def launch(*args, env=None):
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "openengine_adapters.vllm", "--host", "127.0.0.1", "--port", "0", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+    lines = []
+    while True:
+        line = (await asyncio.wait_for(proc.stdout.readline(), 300)).decode()
+        lines.append(line)
+        assert line, "sidecar exited before it was ready:\n" + "".join(lines[-40:])
+        if m := re.search(r"ready on .*:(\d+)", line):
+            return proc, f"127.0.0.1:{m.group(1)}", lines
+
+
+async def drain_output(proc):
+    while await proc.stdout.readline():
+        pass
+
+
+async def test_demo_model_sidecar_serves_and_stops_on_sigterm(tmp_path):
+    proc, target, _ = await launch("--gpu-memory-utilization", "0.2", "--max-in-flight", "8",
+                                   env={"OPENENGINE_DEMO_MODEL_DIR": str(tmp_path / "demo")})
+    reader = asyncio.ensure_future(drain_output(proc))
+    try:
+        async with OpenEngineClient(target) as client:
+            assert client.engine_info.engine_name == "vllm"
+            assert list(client.engine_info.supported_models) == ["demo-llama"]
+            stub = openengine_pb2_grpc.OpenEngineStub(client.channel)
+            req = g.GenerateRequest(prompt="Hello", stopping=g.StoppingOptions(max_tokens=5, ignore_eos=True))
+            s = check_generate_stream(req, await collect(stub, req, timeout=60))
+            assert len(s.token_ids[0]) == 5
+            health = await stub.Health(lifecycle_pb2.HealthRequest(include_inference_probe=True))
+            assert health.state == lifecycle_pb2.HEALTH_STATE_READY
+            long = g.GenerateRequest(prompt="Hello", stopping=g.StoppingOptions(max_tokens=60, ignore_eos=True))
+            call = stub.Generate(long)
+            await call.read()
+            proc.send_signal(signal.SIGTERM)
+            rest = [r async for r in _rest(call)]
+            assert rest[-1].finished.reason == g.FINISH_REASON_LENGTH  # drained, not dropped
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        reader.cancel()
+
+
+async def _rest(call):
+    while (r := await call.read()) is not grpc.aio.EOF:
+        yield r
+
+
+async def test_vllm_flags_are_accepted_unchanged(model_dir):
+    proc, target, _ = await launch("--model", str(model_dir), "--served-model-name", "tiny", "alias",
+                                   "--max-model-len", "256", "--enforce-eager", "--gpu-memory-utilization", "0.2",
+                                   "--max-num-seqs", "4", "--scheduling-policy", "priority")
+    reader = asyncio.ensure_future(drain_output(proc))
+    try:
+        async with OpenEngineClient(target) as client:
+            info = await client.get_model_info("alias")
+            assert info.served_model_name == "tiny" and list(info.served_model_aliases) == ["alias"]
+            assert info.max_context_length == 256 and info.max_running_requests == 4
+            assert info.generation.supports_priority
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        reader.cancel()
