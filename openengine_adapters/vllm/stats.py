@@ -34,7 +34,9 @@ class StatsCollector:
 
     def factory(self, vllm_config, engine_index: int = 0):
         """Pass as ``AsyncLLM(stat_loggers=[collector.factory])``."""
-        return _Logger(self, engine_index)
+        from openengine_adapters.vllm.stat_logger import OpenEngineStatLogger
+
+        return OpenEngineStatLogger(vllm_config, engine_index, collector=self)
 
     def _emit(self, type_: RuntimeEventType, now: int, attributes: dict[str, str]) -> None:
         self.events.publish(RuntimeEventData(f"vllm-{next(self._ids)}", now, type_, attributes))
@@ -79,22 +81,6 @@ class StatsCollector:
                                                      "running_requests": str(rank.running)})
 
 
-def _logger_class():
-    from vllm.v1.metrics.loggers import StatLoggerBase
-
-    class OpenEngineStatLogger(StatLoggerBase):
-        def __init__(self, collector: StatsCollector, engine_index: int = 0) -> None:
-            self.collector = collector
-            self.engine_index = engine_index
-
-        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
-            self.collector.record(scheduler_stats, iteration_stats, engine_idx)
-
-        def log_engine_initialized(self) -> None:
-            pass
-
-    return OpenEngineStatLogger
-
-
-def _Logger(collector: StatsCollector, engine_index: int):  # noqa: N802 - a class factory
-    return _logger_class()(collector, engine_index)
+# The collector of a plugin-mode server (``vllm serve`` + openengine plugin), filled by the
+# stat-logger entry point that vLLM creates with the engine.
+SHARED = StatsCollector()

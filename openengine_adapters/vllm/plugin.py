@@ -1,0 +1,67 @@
+"""Run the OpenEngine gRPC server inside ``vllm serve``, sharing its live engine.
+
+One process then serves both vLLM's OpenAI HTTP API and OpenEngine gRPC on the same engine.
+Opt in with both:
+
+    VLLM_PLUGINS=openengine OPENENGINE_GRPC_PORT=50051 vllm serve MODEL ...
+
+vLLM 0.32 hands its engine client only to ``vllm.endpoint_plugins`` (``init_state``), and loads
+those only when named in ``VLLM_PLUGINS``; a ``vllm.general_plugins`` entry runs before any engine
+exists and cannot reach it. The companion ``vllm.stat_logger_plugins`` entry (``stat_logger.py``) feeds GetLoad and
+runtime events from the engine's per-step scheduler stats.
+
+Environment: ``OPENENGINE_GRPC_PORT`` (required to start), ``OPENENGINE_GRPC_HOST`` (default
+0.0.0.0), ``OPENENGINE_ADVERTISE_HOST``, ``OPENENGINE_MAX_IN_FLIGHT``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from openengine_adapters.types import EngineRole
+from openengine_adapters.vllm.stats import SHARED
+
+log = logging.getLogger(__name__)
+
+PORT_ENV = "OPENENGINE_GRPC_PORT"
+HOST_ENV = "OPENENGINE_GRPC_HOST"
+MAX_IN_FLIGHT_ENV = "OPENENGINE_MAX_IN_FLIGHT"
+
+
+def enabled() -> bool:
+    return bool(os.environ.get(PORT_ENV))
+
+
+class OpenEnginePlugin:
+    """``vllm.endpoint_plugins`` entry: no HTTP routes; starts the gRPC server on the engine."""
+
+    name = "openengine"
+    required_tasks = None
+
+    def __init__(self) -> None:
+        self.server = None
+
+    def attach_router(self, app) -> None:
+        """OpenEngine is gRPC only: nothing is added to the HTTP app."""
+
+    async def init_state(self, engine_client, state, args) -> None:
+        if engine_client is None or not enabled():
+            if engine_client is not None:
+                log.info("openengine plugin loaded; set %s to start the gRPC server", PORT_ENV)
+            return
+        import vllm
+
+        from openengine_adapters.server import OpenEngineServer, ServerConfig
+        from openengine_adapters.vllm.backend import VllmBackend
+
+        names = args.served_model_name or [args.model]
+        backend = await VllmBackend.create(
+            engine_client, role=EngineRole.AGGREGATED, served_model_names=names, stats=SHARED,
+            version=vllm.__version__, owns_engine=False)
+        max_in_flight = os.environ.get(MAX_IN_FLIGHT_ENV)
+        config = ServerConfig(host=os.environ.get(HOST_ENV, "0.0.0.0"), port=int(os.environ[PORT_ENV]),
+                              max_in_flight=int(max_in_flight) if max_in_flight else None)
+        self.server = await OpenEngineServer(backend, config).start()
+        state.openengine_server = self.server
+        log.info("OpenEngine gRPC serving the vLLM engine on %s:%d", config.host, self.server.port)
