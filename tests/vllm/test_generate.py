@@ -16,7 +16,7 @@ from stream_contract import check_generate_stream
 
 from openengine_adapters.types import ErrorCode
 from openengine_adapters.v1 import generation_pb2 as g
-from openengine_adapters.v1 import input_pb2, lifecycle_pb2, model_pb2, scoring_pb2, tasks_pb2
+from openengine_adapters.v1 import input_pb2, lifecycle_pb2, lora_pb2, model_pb2, scoring_pb2, tasks_pb2
 from openengine_adapters.v1 import observability_pb2 as obs
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -363,3 +363,24 @@ async def test_priority_not_advertised_under_fcfs(vllm):
     exc = await expect_status(vllm.stub.Generate(g.GenerateRequest(prompt=PROMPT, priority=1)),
                               grpc.StatusCode.INVALID_ARGUMENT, "priority")
     assert rejection(exc).code == ErrorCode.UNSUPPORTED_FEATURE
+
+
+async def test_advertisement_agrees_with_the_manifest(vllm):
+    from manifest_check import check_manifest
+
+    info = await vllm.stub.GetModelInfo(model_pb2.GetModelInfoRequest(model="tiny"))
+    met = {"generate.prompt_logprobs.all", "generate.output_logprobs.all", "generate.cache_salt",
+           "generate.bypass_prefix_cache", "score.label_tokens"}
+    assert check_manifest(info, met) >= 25
+    # rejected rows answer with the manifest's status
+    from openengine_adapters.v1 import kv_pb2
+
+    await expect_status(vllm.stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest()), grpc.StatusCode.UNIMPLEMENTED)
+    await expect_status(vllm.stub.GetKvEventSources(kv_pb2.GetKvEventSourcesRequest()), grpc.StatusCode.UNIMPLEMENTED)
+    await expect_status(vllm.stub.Generate(g.GenerateRequest(prompt=PROMPT, response=g.ResponseOptions(
+        return_prompt_logprobs=True, prompt_candidates=g.CandidateTokenSelection(
+            token_ids=input_pb2.TokenIds(ids=[1]))))), grpc.StatusCode.INVALID_ARGUMENT)
+    session = kv_pb2.KvSessionRef(session_id="s")
+    await expect_status(vllm.stub.Generate(g.GenerateRequest(prompt=PROMPT, kv=g.KvOptions(session=session))),
+                        grpc.StatusCode.FAILED_PRECONDITION)
+    await expect_status(vllm.stub.LoadLora(lora_pb2.LoadLoraRequest()), grpc.StatusCode.FAILED_PRECONDITION)

@@ -102,6 +102,15 @@ async def test_embed_unnormalized_and_token_granularity(embedder, st_reference):
     assert list(out.dense.shape) == [hidden.shape[0], 384] and len(out.token_ids) == hidden.shape[0]
 
 
+async def test_embedder_advertisement_agrees_with_the_manifest(embedder):
+    from manifest_check import check_manifest
+
+    info = await embedder.stub.GetModelInfo(model_pb2.GetModelInfoRequest(model="m"))
+    met = {"embed.sequence"} | ({"embed.token"} if tasks_pb2.TASK_OUTPUT_GRANULARITY_TOKEN in
+                                info.tasks.embed.granularities else set())
+    assert check_manifest(info, met) >= 6
+
+
 async def test_embed_dimensions_without_matryoshka_rejected(embedder):
     await expect_status(embedder.stub.Embed(embedding_pb2.EmbedRequest(
         context=ctx("e4"), inputs=inputs(TEXTS[:1]), options=embedding_pb2.EmbedOptions(dimensions=64))),

@@ -1,0 +1,38 @@
+"""Print the README's support table from adapters/*/manifest.json (a unit test keeps them equal).
+
+Usage: python tools/support_table.py
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BEGIN, END = "<!-- support-table:begin -->", "<!-- support-table:end -->"
+MARK = {"supported": "yes", "conditional": "when configured", "rejected": "no"}
+
+
+def manifests() -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(ROOT.glob("adapters/*/manifest.json"))]
+
+
+def render() -> str:
+    lines = [BEGIN]
+    for m in manifests():
+        lines += [f"**{m['engine']}** ({m['package']} {m['tested_versions']}; tested on {m['tested_on']})", "",
+                  "| feature | status | detail |", "|---|---|---|"]
+        for f in m["features"]:
+            detail = "; ".join(x for x in (
+                f.get("condition", ""),
+                f"otherwise {f['grpc_status']}" if f["status"] == "conditional" and f.get("grpc_status") else "",
+                f"{f['grpc_status']}" if f["status"] == "rejected" and f.get("grpc_status") else "",
+                f.get("note", "")) if x)
+            lines.append(f"| `{f['key']}` | {MARK[f['status']]} | {detail} |")
+        lines.append("")
+    lines.append(END)
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(render())
