@@ -5,7 +5,8 @@
   vllm   vLLM's own gRPC server (``python -m vllm.entrypoints.launchers.grpc_server``,
          needs ``pip install smg-grpc-servicer``)
 
-at 1, 16 and 64 concurrent streams, then the ratios ours/limit and ours/vllm. Servers run as
+at 1, 16 and 64 concurrent streams (kept in flight for a few seconds each), then the ratios
+ours/limit and ours/vllm. Servers run as
 child processes of this one, one at a time, with the same model and engine flags; every client
 sends the same token-id prompt and asks for the same number of tokens (ignore_eos), so the
 engines do identical work.
@@ -58,11 +59,21 @@ class Result:
         return self.tokens / self.elapsed
 
 
+MIN_SECONDS = 4.0
+
+
 async def measure(name: str, concurrency: int, one) -> Result:
-    """Run ``concurrency`` streams of ``one(i) -> (ttft, tokens)`` at once."""
+    """Keep ``concurrency`` streams of ``one(i) -> (ttft, tokens)`` in flight (each finished stream
+    is replaced at once) for at least MIN_SECONDS; tokens/s over the whole window."""
     await asyncio.gather(*(one(-1 - i) for i in range(min(concurrency, 4))))  # warm-up
+    results: list[tuple[float, int]] = []
     start = time.perf_counter()
-    results = await asyncio.gather(*(one(i) for i in range(concurrency)))
+
+    async def worker(i):
+        while time.perf_counter() - start < MIN_SECONDS:
+            results.append(await one(i))
+
+    await asyncio.gather(*(worker(i) for i in range(concurrency)))
     elapsed = time.perf_counter() - start
     return Result(name, concurrency, elapsed, sum(r[1] for r in results), [r[0] for r in results])
 

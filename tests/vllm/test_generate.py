@@ -86,6 +86,15 @@ async def test_greedy_matches_transformers(vllm, reference):
     assert s.finished[0].reason == g.FINISH_REASON_LENGTH
 
 
+async def test_explicit_data_parallel_rank_and_metadata_reach_the_engine(vllm):
+    req = g.GenerateRequest(prompt=PROMPT, kv=g.KvOptions(data_parallel_rank=0), metadata={"tenant": "a"},
+                            stopping=g.StoppingOptions(max_tokens=2, ignore_eos=True))
+    s = await run(vllm.stub, req)
+    assert len(s.token_ids[0]) == 2
+    await expect_status(vllm.stub.Generate(g.GenerateRequest(prompt=PROMPT, kv=g.KvOptions(data_parallel_rank=1))),
+                        grpc.StatusCode.INVALID_ARGUMENT, "data_parallel_rank")
+
+
 async def test_text_prompt_is_tokenized_by_the_engine(vllm, reference):
     s = await run(vllm.stub, g.GenerateRequest(prompt=PROMPT, sampling=g.SamplingParams(temperature=0.0),
                                                stopping=g.StoppingOptions(max_tokens=4, ignore_eos=True)))

@@ -36,6 +36,16 @@ async def launch(*args, env=None):
             return proc, f"127.0.0.1:{m.group(1)}", lines
 
 
+async def stop(proc):
+    """SIGTERM first: a SIGKILLed sidecar would orphan its vLLM engine-core process."""
+    if proc.returncode is None:
+        proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 60)
+        except TimeoutError:
+            proc.kill()
+
+
 async def drain_output(proc):
     while await proc.stdout.readline():
         pass
@@ -63,8 +73,7 @@ async def test_demo_model_sidecar_serves_and_stops_on_sigterm(tmp_path):
             assert rest[-1].finished.reason == g.FINISH_REASON_LENGTH  # drained, not dropped
         assert await asyncio.wait_for(proc.wait(), 60) == 0
     finally:
-        if proc.returncode is None:
-            proc.kill()
+        await stop(proc)
         reader.cancel()
 
 
@@ -87,6 +96,5 @@ async def test_vllm_flags_are_accepted_unchanged(model_dir):
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 60) == 0
     finally:
-        if proc.returncode is None:
-            proc.kill()
+        await stop(proc)
         reader.cancel()
