@@ -387,20 +387,8 @@ class VllmBackend(be.EngineBackend):
         priority = translate.engine_priority(ctx.priority if ctx is not None else None)
 
         async def one(i: int, prompt: dict, params):
-            last = None
-            try:
-                async for out in self.engine.encode(prompt, params, f"{request_id}-{i}",
-                                                    lora_request=lora, priority=priority):
-                    last = out
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                from vllm.exceptions import VLLMClientError
-
-                if isinstance(exc, VLLMClientError | ValueError):
-                    raise _client_error(exc) from None
-                raise _engine_failure(exc) from None
-            return last
+            return await _final(self.engine.encode(prompt, params, f"{request_id}-{i}", lora_request=lora,
+                                                   priority=priority))
 
         jobs = []
         for i, item in enumerate(items):
@@ -522,19 +510,8 @@ class VllmBackend(be.EngineBackend):
         async def one(rid: str, prompt_ids: list[int]) -> tuple[list[float], int]:
             sp = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=labels,
                                 output_kind=RequestOutputKind.FINAL_ONLY)
-            final = None
-            try:
-                async for out in self.engine.generate({"prompt_token_ids": prompt_ids}, sp, rid,
-                                                      lora_request=lora, priority=priority):
-                    final = out
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                from vllm.exceptions import VLLMClientError
-
-                if isinstance(exc, VLLMClientError | ValueError):
-                    raise _client_error(exc) from None
-                raise _engine_failure(exc) from None
+            final = await _final(self.engine.generate({"prompt_token_ids": prompt_ids}, sp, rid,
+                                                      lora_request=lora, priority=priority))
             position = final.outputs[0].logprobs[0]
             return [position[t].logprob for t in labels], len(prompt_ids)
 
@@ -564,6 +541,24 @@ class VllmBackend(be.EngineBackend):
         norm = ScoreNormalization.SOFTMAX if softmax else ScoreNormalization.NONE
         return be.ScoreResult(groups, Granularity.SEQUENCE, sem, norm, label_token_ids=labels,
                               usage=be.TaskUsageData(total))
+
+
+async def _final(outputs):
+    """The last output of a one-shot vLLM stream (encode, or a FINAL_ONLY generate), with vLLM's
+    request errors as INVALID_ARGUMENT and anything else as an engine failure."""
+    from vllm.exceptions import VLLMClientError
+
+    last = None
+    try:
+        async for out in outputs:
+            last = out
+    except asyncio.CancelledError:
+        raise
+    except (VLLMClientError, ValueError) as exc:
+        raise _client_error(exc) from None
+    except Exception as exc:
+        raise _engine_failure(exc) from None
+    return last
 
 
 def _cosine(a: Sequence[float], b: Sequence[float]) -> float:
