@@ -7,6 +7,7 @@ Classifier and cross-encoder: tiny random models built at test time.
 
 from __future__ import annotations
 
+import json
 import math
 
 import grpc
@@ -202,3 +203,42 @@ async def test_cross_encoder_score_equals_transformers_logit(cross_encoder, cros
     assert resp.semantics == tasks_pb2.TASK_VALUE_SEMANTICS_RELEVANCE
     for text, cand in zip(TEXTS[1:], resp.groups[0].candidates, strict=True):
         assert cand.scores.values[0] == pytest.approx(hf_logits(cross_encoder_dir, TEXTS[0], text)[0], abs=1e-4)
+
+
+# ------------------------------------------------------------------ Matryoshka dimensions
+
+@pytest.fixture(scope="module")
+def matryoshka_dir(minilm, tmp_path_factory):
+    """The same MiniLM weights, declared Matryoshka (as vLLM reads it from config.json)."""
+    import shutil
+
+    path = tmp_path_factory.mktemp("mrl") / "minilm-mrl"
+    shutil.copytree(minilm, path)
+    config = json.loads((path / "config.json").read_text())
+    config["matryoshka_dimensions"] = [64, 128, 384]
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def matryoshka(matryoshka_dir):
+    async with serve_vllm(engine_args(matryoshka_dir, runner="pooling", served_model_name=["m"],
+                                      max_model_len=256)) as s:
+        yield s
+
+
+async def test_matryoshka_dimensions_reduce_and_renormalize(matryoshka, st_reference):
+    import torch
+
+    info = await matryoshka.stub.GetModelInfo(model_pb2.GetModelInfoRequest(model="m"))
+    assert info.tasks.embed.supports_dimension_override
+    resp = await matryoshka.stub.Embed(embedding_pb2.EmbedRequest(
+        context=ctx("d1"), inputs=inputs(TEXTS[:2]), options=embedding_pb2.EmbedOptions(dimensions=64)))
+    for text, out in zip(TEXTS[:2], resp.outputs, strict=True):
+        _, hidden = st_reference(text, normalize=False)
+        ref = torch.nn.functional.normalize(hidden.mean(dim=0)[:64], dim=0).tolist()
+        assert list(out.dense.shape) == [64]
+        assert out.dense.values == pytest.approx(ref, abs=1e-4)
+    await expect_status(matryoshka.stub.Embed(embedding_pb2.EmbedRequest(
+        context=ctx("d2"), inputs=inputs(TEXTS[:1]), options=embedding_pb2.EmbedOptions(dimensions=100))),
+        grpc.StatusCode.INVALID_ARGUMENT, "dimensions")
