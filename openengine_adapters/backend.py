@@ -111,6 +111,9 @@ class ScoreSupport:
     higher_is_better: bool | None = None
     modalities: tuple[Modality, ...] = ()
     max_label_token_ids: int | None = None
+    # Seam only (not on the wire): False when the model can only do label-token scoring, so a
+    # request without label_token_ids is refused before acceptance.
+    native_scoring: bool = field(default=True, metadata={"wire": False})
 
 
 @dataclass(frozen=True)

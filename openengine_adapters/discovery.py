@@ -20,7 +20,7 @@ from openengine_adapters.v1 import engine_pb2, kv_pb2, model_pb2, observability_
 def fill(msg, obj, skip: frozenset[str] = frozenset()):
     """Copy a seam dataclass into the same-named fields of ``msg``; return ``msg``."""
     for f in dataclasses.fields(obj):
-        if f.name in skip:
+        if f.name in skip or not f.metadata.get("wire", True):
             continue
         value = getattr(obj, f.name)
         if value is None:
@@ -46,6 +46,8 @@ def card_problems(obj, path: str = "") -> list[str]:
     a reported limit/dimension that is not > 0."""
     problems = []
     for f in dataclasses.fields(obj):
+        if not f.metadata.get("wire", True):
+            continue
         value = getattr(obj, f.name)
         where = f"{path}{f.name}"
         if dataclasses.is_dataclass(value):

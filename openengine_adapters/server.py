@@ -134,12 +134,16 @@ class OpenEngineServer:
     async def stop(self, grace_s: float | None = None) -> None:
         """Drain (stop accepting, finish or abort after the grace), then stop serving."""
         grace = self.config.drain_grace_s if grace_s is None else grace_s
-        await self.service.drain_and_stop(grace)
-        await self.grpc_health.enter_graceful_shutdown()
-        if self._monitor is not None:
-            self._monitor.cancel()
-        await self.grpc_server.stop(1.0)
-        await self.service.backend.shutdown()
+        try:
+            await self.service.drain_and_stop(grace)
+        finally:  # whatever the drain did, the server and the engine are stopped
+            try:
+                await self.grpc_health.enter_graceful_shutdown()
+                if self._monitor is not None:
+                    self._monitor.cancel()
+                await self.grpc_server.stop(1.0)
+            finally:
+                await self.service.backend.shutdown()
 
     async def wait(self) -> None:
         await self.grpc_server.wait_for_termination()

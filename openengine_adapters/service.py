@@ -171,24 +171,31 @@ class OpenEngineService(openengine_pb2_grpc.OpenEngineServicer):
                                                   ErrorCode.INTERNAL))
             return
         assembler = GenerateStream(params, prefill=self.identity.role == EngineRole.PREFILL)
-        clean = False
+        clean = engine_ended = False
         try:
             try:
+                if entry.aborted:  # Abort arrived while the engine was taking the request
+                    await self.backend.abort([entry.request_id])
                 async for chunk in chunks:
+                    if entry.aborted and entry.abort_code != ErrorCode.CANCELLED:
+                        break  # a drain abort ends with its retryable error, whatever the engine sent
                     if chunk.prefill_ready is not None:
                         self.registry.add_session(chunk.prefill_ready)
                     for response in assembler.feed(chunk):
                         yield response
                     if assembler.done:
+                        engine_ended = True
                         break
                 else:
+                    engine_ended = True
+                if not assembler.done:
                     if entry.abort_code == ErrorCode.CANCELLED:
                         for response in assembler.cancel_remaining(entry.abort_message):
                             yield response
                     elif entry.aborted:
                         yield assembler.error(EngineFailure(
                             entry.abort_code, entry.abort_message, retryable=True, retry_after_ms=0))
-                    elif not assembler.done:
+                    else:
                         yield assembler.error(assembler.incomplete())
             except EngineFailure as failure:
                 if not assembler.done:
@@ -201,13 +208,17 @@ class OpenEngineService(openengine_pb2_grpc.OpenEngineServicer):
                     yield assembler.error(EngineFailure(ErrorCode.INTERNAL, f"engine error: {exc}"))
             clean = True
         finally:
-            cleanup = self._end_request(entry, chunks, engine_running=not assembler.done)
+            # the engine is told to stop unless its own stream ended the request
+            cleanup = self._end_request(entry, chunks, engine_running=not engine_ended)
             if clean:
                 await cleanup
             else:  # cancelled: finish off the engine work without blocking the cancellation
-                task = asyncio.ensure_future(cleanup)
-                self._cleanups.add(task)
-                task.add_done_callback(self._cleanups.discard)
+                self._background(cleanup)
+
+    def _background(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
 
     async def _accept_generate(self, request):
         self._require(Feature.GENERATE, "Generate")
@@ -222,8 +233,6 @@ class OpenEngineService(openengine_pb2_grpc.OpenEngineServicer):
         except BaseException:
             self._unadmit(entry)
             raise
-        if entry.aborted:  # Abort arrived while the engine was taking the request
-            await self.backend.abort([request_id])
         return params, entry, chunks
 
     def _admit(self, request_id: str, kv_session_id: str | None = None) -> LiveRequest:
@@ -270,8 +279,9 @@ class OpenEngineService(openengine_pb2_grpc.OpenEngineServicer):
             return build(params, result, getattr(card.tasks, task))
         except asyncio.CancelledError:
             if work.cancelled() and entry.aborted and asyncio.current_task().cancelling() == 0:
-                failure = RequestRejected(STATUS_FOR_CODE[entry.abort_code], entry.abort_message,
-                                          entry.abort_code)
+                failure = RequestRejected(
+                    STATUS_FOR_CODE[entry.abort_code], entry.abort_message, entry.abort_code,
+                    retry_after_ms=0 if entry.abort_code == ErrorCode.DRAINING else None)
             else:  # the client went away: stop the engine work
                 work.cancel()
                 raise
@@ -288,9 +298,7 @@ class OpenEngineService(openengine_pb2_grpc.OpenEngineServicer):
             if not work.done():
                 work.cancel()
             if work.cancelled() and Feature.ABORT in self.backend.features:
-                task_ = asyncio.ensure_future(self.backend.abort([entry.request_id]))
-                self._cleanups.add(task_)
-                task_.add_done_callback(self._cleanups.discard)
+                self._background(self.backend.abort([entry.request_id]))
             self.registry.complete(entry)
             self.admission.release()
         await reject(context, failure)
@@ -501,6 +509,15 @@ class OpenEngineService(openengine_pb2_grpc.OpenEngineServicer):
         except RequestRejected as r:
             await reject(context, r)
             return
+        except EngineFailure as f:
+            await reject(context, RequestRejected(STATUS_FOR_CODE[f.code], f.message, f.code,
+                                                  retry_after_ms=f.retry_after_ms, details=f.details))
+            return
+        except Exception as exc:
+            log.exception("%s could not start", what)
+            await reject(context, RequestRejected(grpc.StatusCode.INTERNAL, f"{what} could not start: {exc}",
+                                                  ErrorCode.INTERNAL))
+            return
         try:
             async for item in events:
                 yield wrap(item)
@@ -552,8 +569,9 @@ class OpenEngineService(openengine_pb2_grpc.OpenEngineServicer):
         request = lifecycle_pb2.DrainRequest(stop_accepting_new_requests=True,
                                              deadline_ms=int(grace_s * 1000),
                                              abort_after_deadline=True)
-        async for _ in run_drain(request, self.lifecycle, self._drain_counts, self._abort_for_drain):
-            pass
+        async for event in run_drain(request, self.lifecycle, self._drain_counts, self._abort_for_drain):
+            if event.HasField("error"):
+                log.error("drain on shutdown ended with an error: %s", event.error.message)
         if self._cleanups:
             await asyncio.gather(*self._cleanups, return_exceptions=True)
 

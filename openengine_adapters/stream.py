@@ -21,9 +21,6 @@ from openengine_adapters.types import ErrorCode, FinishReason
 from openengine_adapters.v1 import error_pb2, generation_pb2
 
 GenerateResponse = generation_pb2.GenerateResponse
-TokenOutput = generation_pb2.TokenOutput
-TokenInfo = generation_pb2.TokenInfo
-LogProb = generation_pb2.LogProb
 
 
 def engine_error(failure: EngineFailure) -> error_pb2.EngineError:
@@ -36,8 +33,12 @@ def engine_error(failure: EngineFailure) -> error_pb2.EngineError:
     return err
 
 
-def _token_info(token_id: int, token: str, lp: be.TokenLogprob | None) -> generation_pb2.TokenInfo:
-    info = TokenInfo(token_id=token_id, token=token)
+def _fill_token_info(info: generation_pb2.TokenInfo, token_id: int, token: str,
+                     lp: be.TokenLogprob | None) -> None:
+    """Fill a TokenInfo in place (added to its parent first: no message copies)."""
+    info.token_id = token_id
+    if token:
+        info.token = token
     if lp is not None:
         if lp.logprob is not None:
             info.logprob = lp.logprob
@@ -47,7 +48,6 @@ def _token_info(token_id: int, token: str, lp: be.TokenLogprob | None) -> genera
             cand = info.candidates.add(token_id=c.token_id, logprob=c.logprob, token=c.token)
             if c.rank is not None:
                 cand.rank = c.rank
-    return info
 
 
 class GenerateStream:
@@ -120,11 +120,12 @@ class GenerateStream:
 
     def _prompt_output(self, tokens: list[be.PromptToken]) -> GenerateResponse:
         self._prompt_sent = True
-        prompt = generation_pb2.PromptOutput()
+        resp = GenerateResponse(request_id=self.request_id)
+        infos = resp.prompt.tokens
         for i, t in enumerate(tokens):
             lp = None if (i == 0 and self.bare_first_prompt_token) else t.logprob
-            prompt.tokens.append(_token_info(t.token_id, t.token, lp))
-        return GenerateResponse(request_id=self.request_id, prompt=prompt)
+            _fill_token_info(infos.add(), t.token_id, t.token, lp)
+        return resp
 
     def _output(self, d: be.OutputDelta, out: list[GenerateResponse]) -> None:
         index = d.index
@@ -136,7 +137,10 @@ class GenerateStream:
                                 f"engine produced output for finished output_index {index}")
         ids = d.token_ids
         if ids or d.text:
-            tok = TokenOutput(output_index=index, text=d.text)
+            resp = GenerateResponse(request_id=self.request_id)
+            tok = resp.token  # built in place: no copy of the per-token messages
+            tok.output_index = index
+            tok.text = d.text
             infos = tok.tokens
             if d.logprobs is None and d.tokens is None:
                 for t in ids:
@@ -148,9 +152,9 @@ class GenerateStream:
                     raise EngineFailure(ErrorCode.INTERNAL,
                                         "engine token strings/logprobs are not aligned with token ids")
                 for t, name, lp in zip(ids, names, lps, strict=True):
-                    infos.append(_token_info(t, name, lp))
+                    _fill_token_info(infos.add(), t, name, lp)
             self._completion += len(ids)
-            out.append(GenerateResponse(request_id=self.request_id, token=tok))
+            out.append(resp)
         if d.finish_reason is not None:
             out.append(self._finish(index, d.finish_reason, d.stop, d.finish_message))
 
@@ -158,8 +162,12 @@ class GenerateStream:
                 message: str = "") -> GenerateResponse:
         self._finished[index] = True
         self._remaining -= 1
-        fin = generation_pb2.GenerationFinished(output_index=index, reason=int(reason),
-                                                message=message)
+        resp = GenerateResponse(request_id=self.request_id)
+        fin = resp.finished
+        fin.output_index = index
+        fin.reason = int(reason)
+        if message:
+            fin.message = message
         if reason == FinishReason.STOP:
             if stop is None:
                 raise EngineFailure(ErrorCode.INTERNAL, "engine finished with STOP but no stop match")
@@ -171,7 +179,6 @@ class GenerateStream:
                 fin.stop_match.eos_token_id = stop.eos_token_id
             else:
                 raise EngineFailure(ErrorCode.INTERNAL, "engine finished with an empty stop match")
-        resp = GenerateResponse(request_id=self.request_id, finished=fin)
         if self._remaining == 0:
             self.done = True
             resp.usage.CopyFrom(self.usage())

@@ -201,6 +201,9 @@ def parse_score(req: scoring_pb2.ScoreRequest, catalog: ModelCatalog,
             raise unsupported(f"options.normalization: {label} is not advertised")
         normalization = ScoreNormalization(o.normalization)
     labels = tuple(o.label_token_ids)
+    if not labels and not cap.native_scoring:
+        raise unsupported("options.label_token_ids: this model only scores label tokens; native scoring is "
+                          "not available, so label_token_ids must be non-empty")
     if labels:
         if not cap.supports_label_token_scoring:
             raise unsupported("options.label_token_ids: label-token scoring is not advertised")

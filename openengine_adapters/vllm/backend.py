@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import uuid
 from collections.abc import Sequence
 
 import grpc
@@ -74,6 +75,7 @@ class VllmBackend(be.EngineBackend):
         self.supported_tasks = frozenset(supported_tasks)
         self.served_model_names = tuple(served_model_names) or self._default_names()
         self._loras: dict[str, object] = {}
+        self._subrequests: dict[str, list[str]] = {}  # task request id -> its engine request ids
         tokenizer = engine.tokenizer
         self.eos_token_id = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
         self._card = self._build_card()
@@ -209,7 +211,7 @@ class VllmBackend(be.EngineBackend):
                 normalizations=(ScoreNormalization.NONE, ScoreNormalization.SOFTMAX),
                 supports_label_token_scoring=True, supports_instruction=False,
                 supports_priority=priority, supports_lora=lora,
-                max_label_token_ids=translate.MAX_LOGPROB_TOKEN_IDS,
+                max_label_token_ids=translate.MAX_LOGPROB_TOKEN_IDS, native_scoring=False,
             )
         if embed is classify is score is None:
             return None
@@ -300,6 +302,16 @@ class VllmBackend(be.EngineBackend):
         except (VLLMClientError, ValueError, TypeError) as exc:
             raise _client_error(exc) from None
 
+    def _lora(self, name: str):
+        """The LoRARequest for a name; one unloaded meanwhile is refused, never the base model."""
+        if not name:
+            return None
+        request = self._loras.get(name)
+        if request is None:
+            raise RequestRejected(grpc.StatusCode.NOT_FOUND, f"lora_name: adapter {name!r} is not loaded",
+                                  ErrorCode.MODEL_NOT_FOUND)
+        return request
+
     async def generate(self, params: be.GenerateParams):
         sp = self._sampling_params(params)
         images = await load_images(params.media) if params.media else None
@@ -307,11 +319,15 @@ class VllmBackend(be.EngineBackend):
         try:
             collector = await self.engine.add_request(
                 params.request_id, prompt, sp,
-                lora_request=self._loras.get(params.lora_name) if params.lora_name else None,
+                lora_request=self._lora(params.lora_name),
                 priority=translate.engine_priority(params.priority),
                 data_parallel_rank=params.data_parallel_rank,
             )
         except RequestRejected:
+            raise
+        except asyncio.CancelledError:
+            # vLLM may already hold the request: without this it would run on, unseen
+            await asyncio.shield(self.engine.abort(params.request_id))
             raise
         except Exception as exc:
             from vllm.exceptions import VLLMClientError
@@ -334,6 +350,10 @@ class VllmBackend(be.EngineBackend):
                 except Exception as exc:
                     raise _engine_failure(exc) from None
                 finished = out.finished
+                if finished and any(c.finish_reason == "abort" for c in out.outputs):
+                    # an abort (ours or vLLM's own) ends the stream without a finish: the service
+                    # reports CANCELLED for an Abort, its error for a drain, a failure otherwise
+                    return
                 yield translator.chunk(out)
         finally:
             collector.close()
@@ -341,7 +361,10 @@ class VllmBackend(be.EngineBackend):
                 await self.engine.abort(params.request_id)
 
     async def abort(self, request_ids: Sequence[str]) -> None:
-        await self.engine.abort(list(request_ids))
+        ids = list(request_ids)
+        for rid in request_ids:
+            ids.extend(self._subrequests.get(rid, ()))
+        await self.engine.abort(ids)
 
     async def probe(self, model: str, role: EngineRole) -> None:
         if "generate" not in self.supported_tasks:
@@ -379,29 +402,36 @@ class VllmBackend(be.EngineBackend):
             return {"prompt_token_ids": list(item.token_ids)}
         return {"prompt": item.text}
 
-    async def _pool(self, items: Sequence[be.TaskItem], task: str, request_id: str, ctx=None, **pooling):
+    async def _pool(self, items: Sequence[be.TaskItem | dict], task: str, request_id: str, ctx=None,
+                    **pooling):
         """Run one pooling request per item concurrently; outputs in item order."""
         from vllm.pooling_params import PoolingParams
 
-        lora = self._loras.get(ctx.lora_name) if ctx is not None and ctx.lora_name else None
+        lora = self._lora(ctx.lora_name) if ctx is not None else None
         priority = translate.engine_priority(ctx.priority if ctx is not None else None)
-
-        async def one(i: int, prompt: dict, params):
-            return await _final(self.engine.encode(prompt, params, f"{request_id}-{i}", lora_request=lora,
-                                                   priority=priority))
-
         jobs = []
-        for i, item in enumerate(items):
-            prompt = item if isinstance(item, dict) else self._task_prompt(item)
+        for engine_id, item in zip(self._sub_ids(request_id, len(items)), items, strict=True):
+            prompt = dict(item) if isinstance(item, dict) else self._task_prompt(item)
             params = PoolingParams(task=task, **pooling)
-            if isinstance(prompt, dict) and "token_type_ids" in prompt:
+            if "token_type_ids" in prompt:  # cross-encoder pairs, passed as vLLM's scorer does
                 from vllm.entrypoints.pooling.scoring.utils import compress_token_type_ids
 
-                prompt = dict(prompt)
                 params.extra_kwargs = {"compressed_token_type_ids":
                                        compress_token_type_ids(prompt.pop("token_type_ids"))}
-            jobs.append(one(i, prompt, params))
-        return await asyncio.gather(*jobs)
+            jobs.append(_final(self.engine.encode(prompt, params, engine_id, lora_request=lora,
+                                                  priority=priority)))
+        try:
+            return await asyncio.gather(*jobs)
+        finally:
+            self._subrequests.pop(request_id, None)
+
+    def _sub_ids(self, request_id: str, count: int) -> list[str]:
+        """Engine ids for the items of one task request. vLLM aborts every request sharing an
+        external id, so they carry a random part no client id can collide with."""
+        salt = uuid.uuid4().hex[:12]
+        ids = [f"{request_id}/oe-{salt}-{i}" for i in range(count)]
+        self._subrequests[request_id] = ids
+        return ids
 
     async def embed(self, p: be.EmbedParams) -> be.EmbedResult:
         token = p.granularity == Granularity.TOKEN
@@ -504,7 +534,7 @@ class VllmBackend(be.EngineBackend):
                 return list(item.token_ids)
             return tokenizer.encode(item.text, add_special_tokens=False)
 
-        lora = self._loras.get(p.context.lora_name) if p.context.lora_name else None
+        lora = self._lora(p.context.lora_name)
         priority = translate.engine_priority(p.context.priority)
 
         async def one(rid: str, prompt_ids: list[int]) -> tuple[list[float], int]:
@@ -515,14 +545,18 @@ class VllmBackend(be.EngineBackend):
             position = final.outputs[0].logprobs[0]
             return [position[t].logprob for t in labels], len(prompt_ids)
 
-        jobs, shape = [], []
-        for gi, g in enumerate(p.groups):
+        prompts, shape = [], []
+        for g in p.groups:
             head = ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None and g.query.text is not None
                     else []) + ids(g.query)
             shape.append(len(g.candidates))
-            for ci, c in enumerate(g.candidates):
-                jobs.append(one(f"{p.context.request_id}-{gi}-{ci}", head + ids(c)))
-        results = await asyncio.gather(*jobs)
+            prompts.extend(head + ids(c) for c in g.candidates)
+        engine_ids = self._sub_ids(p.context.request_id, len(prompts))
+        try:
+            results = await asyncio.gather(*(one(rid, prompt) for rid, prompt in zip(engine_ids, prompts,
+                                                                                      strict=True)))
+        finally:
+            self._subrequests.pop(p.context.request_id, None)
         softmax = p.normalization == ScoreNormalization.SOFTMAX
         groups, k, total = [], 0, 0
         for n in shape:

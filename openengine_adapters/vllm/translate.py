@@ -157,8 +157,6 @@ def finish(reason: str | None, stop_reason: int | str | None, token_ids: Sequenc
         return FinishReason.STOP, be.StopMatch(eos_token_id=eos if eos is not None else 0), ""
     if reason == "length":
         return FinishReason.LENGTH, None, ""
-    if reason == "abort":
-        return FinishReason.CANCELLED, None, "aborted in the engine"
     return None, None, f"engine finished with {reason!r}"
 
 

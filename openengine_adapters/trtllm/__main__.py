@@ -1,0 +1,81 @@
+"""``python -m openengine_adapters.trtllm``: serve a ``tensorrt_llm.LLM`` over OpenEngine gRPC.
+
+TensorRT-LLM has no plugin entry point in ``trtllm-serve``, so this sidecar builds the LLM
+itself; its engine flags follow ``trtllm-serve`` (same names, same ``--extra_llm_api_options``
+YAML file, merged last), plus ``--role`` and the shared OpenEngine server flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+from openengine_adapters.server import add_server_args, run, server_config_from_args
+from openengine_adapters.trtllm.engine import ROLES
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m openengine_adapters.trtllm",
+                                description="Serve a TensorRT-LLM engine over the OpenEngine gRPC contract "
+                                            "(openengine.v1). Engine flags follow trtllm-serve.")
+    p.add_argument("model_path", nargs="?", default=None, help="model name, HF checkpoint or engine directory")
+    p.add_argument("--model", dest="model_flag", default=None, help="same as the positional model")
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--backend", default="pytorch", choices=["pytorch", "tensorrt", "_autodeploy"])
+    p.add_argument("--tp_size", type=int, default=1)
+    p.add_argument("--pp_size", type=int, default=1)
+    p.add_argument("--ep_size", type=int, default=None)
+    p.add_argument("--max_batch_size", type=int, default=None)
+    p.add_argument("--max_num_tokens", type=int, default=None)
+    p.add_argument("--max_seq_len", type=int, default=None)
+    p.add_argument("--max_beam_width", type=int, default=None)
+    p.add_argument("--kv_cache_free_gpu_memory_fraction", type=float, default=0.9)
+    p.add_argument("--trust_remote_code", action="store_true")
+    p.add_argument("--extra_llm_api_options", default=None, help="YAML file of extra LLM arguments (merged last)")
+    p.add_argument("--guided_decoding_backend", default=None, choices=["xgrammar", "llguidance"])
+    p.add_argument("--enable_attention_dp", action="store_true")
+    g = p.add_argument_group("LoRA (lazy registry: adapters load on first use)")
+    g.add_argument("--enable_lora", action="store_true")
+    g.add_argument("--max_lora_rank", type=int, default=64)
+    g.add_argument("--max_loras", type=int, default=4)
+    g.add_argument("--max_cpu_loras", type=int, default=8)
+    g.add_argument("--lora_target_modules", nargs="*", default=None)
+    o = p.add_argument_group("OpenEngine adapter")
+    o.add_argument("--role", default="aggregated", choices=sorted(ROLES))
+    o.add_argument("--kv_transfer_backend", default="DEFAULT",
+                   help="cache_transceiver_config.backend for the prefill/decode roles (UCX, NIXL, MPI, DEFAULT)")
+    o.add_argument("--kv_event_buffer_size", type=int, default=1024,
+                   help="engine KV event buffer (0 disables SubscribeKvEvents)")
+    o.add_argument("--served_model_name", nargs="*", default=None)
+    o.add_argument("--max_logprobs", type=int, default=20, help="top-k cap for logprobs and score labels")
+    o.add_argument("--max_num_sequences", type=int, default=None, help="cap on num_sequences (n)")
+    add_server_args(p)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.model_path and ns.model_flag and ns.model_path != ns.model_flag:
+        parser.error("the positional model and --model differ")
+    ns.model = ns.model_flag or ns.model_path
+    if not ns.model:
+        parser.error("a model is required (positional or --model)")
+    return ns
+
+
+async def serve(ns: argparse.Namespace) -> None:
+    from openengine_adapters.trtllm.engine import start_backend
+
+    backend = await start_backend(ns)
+    await run(backend, server_config_from_args(ns))
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,524 @@
+"""EngineBackend on TensorRT-LLM's ``LLM.generate_async(..., streaming=True)`` (1.2.x).
+
+Acceptance is ``generate_async``: it returns a ``RequestOutput`` at once (TensorRT-LLM's own
+input checks raise there, and are refused before acceptance as INVALID_ARGUMENT); the stream is
+then its async iteration, converted from cumulative outputs to deltas by
+``translate.OutputTranslator``.
+
+TensorRT-LLM has no abort-all, no request-id lookup and no runtime LoRA API, so this backend
+keeps its own maps: request id -> ``RequestOutput`` (Abort by id / all / KV session all end in
+``RequestOutput.abort()``), handed-off prefill sessions -> their ``RequestOutput``, and a lazy
+LoRA registry (see ``load_lora``). Engine stats and KV-cache events are single-consumer queues:
+one poller per queue (``start``) is their only reader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import math
+import os
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from openengine_adapters import backend as be
+from openengine_adapters.errors import EngineFailure, RequestRejected, invalid, not_found
+from openengine_adapters.trtllm import translate
+from openengine_adapters.trtllm.stats import KvEventBridge, StatsCollector
+from openengine_adapters.types import (
+    CandidateMode,
+    EngineRole,
+    ErrorCode,
+    Feature,
+    Granularity,
+    GuidedMode,
+    HealthState,
+    ScoreNormalization,
+    TaskInputType,
+    ValueSemantics,
+)
+
+log = logging.getLogger(__name__)
+
+ALL_GUIDED = tuple(GuidedMode)[1:]  # choice is lowered to a regex
+TEXT_INPUTS = (TaskInputType.TEXT, TaskInputType.TOKEN_IDS)
+LORA_WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
+
+
+@dataclass(frozen=True)
+class TrtllmOptions:
+    """Adapter settings that TensorRT-LLM's ``LLM`` does not carry itself."""
+
+    served_model_names: tuple[str, ...] = ()
+    role: EngineRole = EngineRole.AGGREGATED
+    max_top_n: int = 20                    # top-k logprobs cap (prompt and output); also score's k
+    max_num_sequences: int | None = None   # n cap; default: the engine's max_batch_size
+    max_context_length: int | None = None  # default: LLM args max_seq_len
+    poll_timeout_s: float = 0.5            # timeout handed to get_stats_async / get_kv_cache_events_async
+    poll_interval_s: float = 0.05          # pause between two polls of an empty queue
+    kv_replay_size: int = 4096             # KV batches kept for start_sequence_number replay
+    max_open_sessions: int = 4096          # handed-off prefill sessions remembered for Abort(kv_session)
+
+
+def _get(obj: Any, *path: str, default: Any = None) -> Any:
+    for name in path:
+        if obj is None:
+            return default
+        obj = obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+    return default if obj is None else obj
+
+
+class TrtllmBackend(be.EngineBackend):
+    """Serve one ``tensorrt_llm.LLM``."""
+
+    def __init__(self, llm, options: TrtllmOptions = TrtllmOptions(), *, version: str = "",
+                 owns_engine: bool = False) -> None:
+        self.llm = llm
+        self.options = options
+        self.role = options.role
+        self.version = version
+        self.owns_engine = owns_engine
+        args = getattr(llm, "args", None)
+        self.args = args
+        self.tokenizer = getattr(llm, "tokenizer", None)
+        self.eos_token_id = getattr(self.tokenizer, "eos_token_id", None)
+        self.max_context = options.max_context_length or _get(args, "max_seq_len")
+        self.max_batch_size = _get(args, "max_batch_size")
+        kv = _get(args, "kv_cache_config")
+        self.block_reuse = bool(_get(kv, "enable_block_reuse", default=True))
+        self.kv_events_on = int(_get(kv, "event_buffer_max_size", default=0)) > 0
+        self.stats_on = bool(_get(args, "enable_iter_perf_stats", default=False))
+        self.lora_on = _get(args, "lora_config") is not None
+        self.guided_backend = _get(args, "guided_decoding_backend") or ""
+        self.attention_dp = bool(_get(args, "enable_attention_dp", default=False))
+        self.tp = _get(args, "tensor_parallel_size", default=1)
+        self.pp = _get(args, "pipeline_parallel_size", default=1)
+        self.transfer_backend = str(_get(args, "cache_transceiver_config", "backend", default="") or "")
+        if self.role != EngineRole.AGGREGATED and not self.transfer_backend:
+            raise ValueError(f"role {self.role.name} needs cache_transceiver_config (KV transfer backend)")
+        params = inspect.signature(llm.generate_async).parameters
+        self._accepts = frozenset(params)
+        self.stats = StatsCollector()
+        self.kv = KvEventBridge(options.kv_replay_size)
+        self._live: dict[str, Any] = {}
+        self._sessions: OrderedDict[str, Any] = OrderedDict()
+        self._loras: dict[str, Any] = {}
+        self._lora_info: dict[str, be.LoraAdapterInfo] = {}
+        self._lora_in_use: Counter[str] = Counter()
+        self._lora_ids_used: dict[int, str] = {}
+        self._pollers: list[asyncio.Task] = []
+        self._poll_error: str | None = None
+        self._card = self._build_card()
+        features = {Feature.GENERATE, Feature.ABORT, Feature.LOAD}
+        if self.stats_on:
+            features.add(Feature.RUNTIME_EVENTS)
+        if self.kv_events_on:
+            features.add(Feature.KV_EVENTS)
+        if self.lora_on:
+            features.add(Feature.LORA)
+        if self._card.tasks is not None:
+            features.add(Feature.SCORE)
+        self.features = frozenset(features)
+
+    # ------------------------------------------------------------------ discovery
+
+    def identity(self) -> be.EngineIdentity:
+        return be.EngineIdentity(
+            engine_name="tensorrt_llm", engine_version=self.version, role=self.role,
+            parallelism=be.Parallelism(tensor_parallel_size=self.tp, pipeline_parallel_size=self.pp,
+                                       data_parallel_size=self.tp if self.attention_dp else 1),
+        )
+
+    def models(self) -> list[be.ModelCard]:
+        return [self._card]
+
+    def kv_connector(self) -> be.KvConnector | None:
+        if not self.transfer_backend:
+            return None
+        return be.KvConnector(enabled=True, transfer_backend=self.transfer_backend,
+                              supported_protocols=(self.transfer_backend.lower(),),
+                              supports_remote_prefill=self.role == EngineRole.DECODE,
+                              supports_abort_cleanup=self.role == EngineRole.PREFILL, supports_drain=True)
+
+    def _build_card(self) -> be.ModelCard:
+        names = self.options.served_model_names or (str(_get(self.args, "model", default="model")),)
+        top = be.LogprobSupport(True, (CandidateMode.TOP_N,), self.options.max_top_n)
+        n_max = self.options.max_num_sequences or self.max_batch_size or 8
+        gen = be.GenerationSupport(
+            prompt_logprobs=top, output_logprobs=top,
+            guided_decoding=be.GuidedSupport(True, ALL_GUIDED) if self.guided_backend else be.GuidedSupport(False),
+            max_num_sequences=n_max if self.role != EngineRole.PREFILL else 1,
+            supports_priority=False, supports_stop_in_output=True,
+            supports_cache_salt=self.block_reuse and "cache_salt" in self._accepts,
+            supports_prefix_cache_bypass=False,
+        )
+        tasks = None
+        if self.role == EngineRole.AGGREGATED:
+            tasks = be.TaskSupport(score=be.ScoreSupport(
+                supported=True, input_types=TEXT_INPUTS, granularities=(Granularity.SEQUENCE,),
+                semantics=(ValueSemantics.LOG_PROBABILITIES, ValueSemantics.PROBABILITIES),
+                normalizations=(ScoreNormalization.NONE, ScoreNormalization.SOFTMAX),
+                supports_label_token_scoring=True, supports_instruction=False, supports_priority=False,
+                supports_lora=self.lora_on, max_label_token_ids=self.options.max_top_n, native_scoring=False))
+        kv = _get(self.args, "kv_cache_config")
+        return be.ModelCard(
+            model_id=str(_get(self.args, "model", default=names[0])),
+            served_model_name=names[0], served_model_aliases=tuple(names[1:]),
+            max_context_length=self.max_context, max_output_tokens=self.max_context,
+            kv_block_size=_get(kv, "tokens_per_block") or _get(self.args, "tokens_per_block"),
+            max_running_requests=self.max_batch_size,
+            max_batched_tokens=_get(self.args, "max_num_tokens"),
+            supports_text_input=self.tokenizer is not None, supports_token_ids_input=True,
+            generation=gen, supports_lora=self.lora_on, supports_multimodal=False, tasks=tasks,
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        if self.stats_on:
+            self._pollers.append(asyncio.ensure_future(self._poll(self.llm.get_stats_async, self._on_stats)))
+        if self.kv_events_on:
+            self._pollers.append(asyncio.ensure_future(
+                self._poll(self.llm.get_kv_cache_events_async, self._on_kv_events)))
+
+    async def shutdown(self) -> None:
+        for task in self._pollers:
+            task.cancel()
+        await asyncio.gather(*self._pollers, return_exceptions=True)
+        self._pollers.clear()
+        if self.owns_engine:
+            await asyncio.to_thread(self.llm.shutdown)
+
+    async def _poll(self, read, sink) -> None:
+        """Drain one single-consumer engine queue forever (this adapter must be its only reader)."""
+        failed = False
+        while True:
+            try:
+                # a busy engine keeps the iteration going: handle every item as it arrives
+                async for item in read(timeout=self.options.poll_timeout_s):
+                    sink([json.loads(item) if isinstance(item, str | bytes) else item])
+                if failed:
+                    failed, self._poll_error = False, None
+                    if sink == self._on_kv_events:
+                        self.kv.engine_restarted()  # events may be lost while we could not read
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not failed:
+                    log.warning("polling %s failed: %s", getattr(read, "__name__", read), exc)
+                failed, self._poll_error = True, f"{type(exc).__name__}: {exc}"
+                await asyncio.sleep(max(self.options.poll_interval_s, 0.5))
+            await asyncio.sleep(self.options.poll_interval_s)
+
+    def _on_stats(self, items: list) -> None:
+        for s in items:
+            self.stats.record(s)
+
+    def _on_kv_events(self, items: list) -> None:
+        self.kv.ingest(items)
+
+    async def check_health(self) -> list[be.HealthCheckResult]:
+        executor = getattr(self.llm, "_executor", None)
+        if executor is not None and getattr(executor, "doing_shutdown", False):
+            return [be.HealthCheckResult("scheduler", HealthState.NOT_READY, "TensorRT-LLM executor is shut down")]
+        checks = [be.HealthCheckResult("scheduler", HealthState.READY, "TensorRT-LLM executor is running"),
+                  be.HealthCheckResult("model", HealthState.READY, self._card.names[0])]
+        if self._poll_error is not None:
+            checks.append(be.HealthCheckResult("kv_connector" if self.kv_events_on else "scheduler",
+                                               HealthState.DEGRADED, f"engine queue poll failing: {self._poll_error}"))
+        return checks
+
+    async def load(self, per_rank: bool) -> be.LoadSnapshot:
+        idle = not self._live
+        if not self.stats_on:
+            return be.LoadSnapshot(running_requests=0 if idle else None, queued_requests=0 if idle else None,
+                                   attributes={"in_flight_requests": str(len(self._live))})
+        snap = self.stats.snapshot(idle, per_rank)
+        attrs = dict(snap.attributes)
+        attrs["in_flight_requests"] = str(len(self._live))
+        return be.LoadSnapshot(**{**snap.__dict__, "attributes": attrs,
+                                  "active_kv_sessions": self.open_kv_sessions()})
+
+    def runtime_events(self, types):
+        wanted = frozenset(types)
+        return self.stats.events.subscribe(lambda e: not wanted or e.type in wanted).__aiter__()
+
+    def kv_events(self, ranks, include_snapshot, start_sequence_number):
+        return self.kv.subscribe(ranks, include_snapshot, start_sequence_number)
+
+    # ------------------------------------------------------------------ generation
+
+    def _prompt_len(self, params: be.GenerateParams) -> int:
+        if params.token_ids is not None:
+            return len(params.token_ids)
+        return len(self.tokenizer.encode(params.prompt))
+
+    def _stop_holdback(self, params: be.GenerateParams) -> int:
+        st = params.stopping
+        if not st.stop_texts or st.include_stop_in_output or self.tokenizer is None:
+            return 0
+        return max(len(self.tokenizer.encode(s, add_special_tokens=False)) for s in st.stop_texts) - 1
+
+    async def validate_generate(self, params: be.GenerateParams) -> None:
+        g = params.guided
+        if g is not None and g.backend and g.backend != self.guided_backend:
+            raise invalid(f"guided.backend: {g.backend!r} differs from the engine's guided decoding backend "
+                          f"{self.guided_backend!r} (set per engine, not per request)")
+        if self.role == EngineRole.DECODE and params.kv_session is not None:
+            translate.decode_disaggregated(params.kv_session.attributes)
+
+    def _sampling_params(self, params: be.GenerateParams, prompt_len: int):
+        from tensorrt_llm import SamplingParams
+        from tensorrt_llm.sampling_params import GuidedDecodingParams
+
+        kw = translate.sampling_kwargs(params, prompt_len, self.max_context)
+        if self.role == EngineRole.PREFILL:
+            kw["max_tokens"] = 1
+        if params.guided is not None:
+            kw["guided_decoding"] = GuidedDecodingParams(**translate.guided_kwargs(params.guided))
+        try:
+            return SamplingParams(**kw)
+        except (ValueError, TypeError) as exc:
+            raise invalid(f"sampling: rejected by TensorRT-LLM: {exc}") from None
+
+    def _engine_kwargs(self, params: be.GenerateParams) -> dict[str, Any]:
+        kw: dict[str, Any] = {}
+        if params.lora_name:
+            request = self._loras.get(params.lora_name)
+            if request is None:
+                raise not_found(f"lora_name: adapter {params.lora_name!r} is not loaded", ErrorCode.MODEL_NOT_FOUND)
+            kw["lora_request"] = request
+        if params.cache_salt is not None:
+            kw["cache_salt"] = params.cache_salt
+        if params.data_parallel_rank is not None and self.attention_dp:
+            from tensorrt_llm.scheduling_params import SchedulingParams
+
+            kw["scheduling_params"] = SchedulingParams(attention_dp_rank=params.data_parallel_rank,
+                                                       attention_dp_relax=False)
+        if self.role != EngineRole.AGGREGATED:
+            from tensorrt_llm.disaggregated_params import DisaggregatedParams
+
+            if self.role == EngineRole.PREFILL:
+                kw["disaggregated_params"] = DisaggregatedParams(request_type="context_only")
+            else:
+                kw["disaggregated_params"] = DisaggregatedParams(
+                    **translate.decode_disaggregated(params.kv_session.attributes))
+        return kw
+
+    async def generate(self, params: be.GenerateParams):
+        prompt_len = self._prompt_len(params)
+        sp = self._sampling_params(params, prompt_len)
+        kw = self._engine_kwargs(params)
+        try:
+            handle = self.llm.generate_async(translate.prompt_input(params), sp, streaming=True, **kw)
+        except (ValueError, TypeError) as exc:
+            raise invalid(f"request: rejected by TensorRT-LLM: {exc}") from None
+        except Exception as exc:
+            raise RequestRejected(grpc.StatusCode.UNAVAILABLE, f"TensorRT-LLM refused the request: {exc}",
+                                  ErrorCode.INTERNAL) from None
+        self._live[params.request_id] = handle
+        if params.lora_name:
+            self._lora_in_use[params.lora_name] += 1
+        translator = translate.OutputTranslator(params, self.eos_token_id, self._stop_holdback(params))
+        translator.max_tokens = sp.max_tokens
+        return self._stream(params, handle, translator)
+
+    async def _stream(self, params: be.GenerateParams, handle, translator: translate.OutputTranslator):
+        finished = False
+        try:
+            async for out in _iterate(handle):
+                chunk = translator.chunk(out)
+                finished = bool(out.finished)
+                if finished and self.role == EngineRole.PREFILL:
+                    chunk.prefill_ready = self._handoff(params, out)
+                yield chunk
+                if finished:
+                    break
+        finally:
+            if self._live.get(params.request_id) is handle:
+                del self._live[params.request_id]
+            if params.lora_name:
+                self._lora_in_use[params.lora_name] -= 1
+                if self._lora_in_use[params.lora_name] <= 0:
+                    del self._lora_in_use[params.lora_name]
+            if not finished:
+                _abort(handle)
+
+    def _handoff(self, params: be.GenerateParams, out) -> be.KvSession | None:
+        comp = out.outputs[0] if out.outputs else None
+        if comp is None or comp.finish_reason == "cancelled":
+            return None  # aborted: the service reports it
+        dp = comp.disaggregated_params
+        if dp is None:
+            raise EngineFailure(ErrorCode.KV_TRANSFER_FAILED,
+                                "TensorRT-LLM finished the context-only request without disaggregated params")
+        session = be.KvSession(session_id=params.request_id, transfer_backend=self.transfer_backend,
+                               dp_rank=params.data_parallel_rank or 0,
+                               attributes=translate.encode_disaggregated(dp))
+        self._sessions[params.request_id] = out
+        while len(self._sessions) > self.options.max_open_sessions:
+            self._sessions.popitem(last=False)
+        return session
+
+    async def abort(self, request_ids: Sequence[str]) -> None:
+        for rid in request_ids:
+            handle = self._live.get(rid)
+            if handle is not None:
+                _abort(handle)
+
+    async def release_kv_session(self, session: be.KvSession) -> bool:
+        """Prefill side: abort the finished context-only request, which frees the KV blocks it
+        keeps for the decode engine (TensorRT-LLM frees them itself once transferred)."""
+        handle = self._sessions.pop(session.session_id, None)
+        if handle is None:
+            return False
+        _abort(handle)
+        return True
+
+    def open_kv_sessions(self) -> int | None:
+        return len(self._sessions) if self.role == EngineRole.PREFILL else None
+
+    # ------------------------------------------------------------------ LoRA (lazy registry)
+
+    async def load_lora(self, adapter: be.LoraAdapterInfo) -> None:
+        """Validate and register; TensorRT-LLM reads the weights on the first request using it.
+
+        TensorRT-LLM caches adapter weights by ``lora_int_id`` until evicted, so an id once
+        used for one directory is refused for another (it could serve the stale weights).
+        """
+        path = adapter.source_path
+        config = os.path.join(path, "adapter_config.json")
+        if not os.path.isfile(config):
+            raise invalid(f"adapter.source_path: {path!r} has no adapter_config.json (not a PEFT LoRA adapter)")
+        try:
+            with open(config, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise invalid(f"adapter.source_path: unreadable adapter_config.json: {exc}") from None
+        if not isinstance(doc, dict):
+            raise invalid("adapter.source_path: adapter_config.json is not a JSON object")
+        if not any(os.path.isfile(os.path.join(path, w)) for w in LORA_WEIGHT_FILES):
+            raise invalid(f"adapter.source_path: {path!r} has no weights ({' or '.join(LORA_WEIGHT_FILES)})")
+        previous = self._lora_ids_used.get(adapter.lora_id)
+        if previous is not None and previous != path:
+            raise invalid(f"adapter.lora_id: {adapter.lora_id} was used for {previous!r}; TensorRT-LLM may "
+                          "still cache those weights under this id, choose a new id")
+        from tensorrt_llm.executor.request import LoRARequest
+
+        self._loras[adapter.lora_name] = LoRARequest(adapter.lora_name, adapter.lora_id, path)
+        self._lora_info[adapter.lora_name] = adapter
+        self._lora_ids_used[adapter.lora_id] = path
+
+    async def unload_lora(self, adapter: be.LoraAdapterInfo) -> None:
+        """Refused (FAILED_PRECONDITION, retryable) while a request uses the adapter; otherwise
+        the name is unregistered (TensorRT-LLM evicts cached weights itself)."""
+        busy = self._lora_in_use.get(adapter.lora_name, 0)
+        if busy:
+            raise RequestRejected(grpc.StatusCode.FAILED_PRECONDITION,
+                                  f"lora_name: adapter {adapter.lora_name!r} is in use by {busy} running "
+                                  "request(s); unload it after they finish", ErrorCode.INVALID_ARGUMENT,
+                                  retry_after_ms=100)
+        self._loras.pop(adapter.lora_name, None)
+        self._lora_info.pop(adapter.lora_name, None)
+
+    async def list_loras(self) -> list[be.LoraAdapterInfo]:
+        return list(self._lora_info.values())
+
+    # ------------------------------------------------------------------ score
+
+    def _ids(self, item: be.TaskItem) -> list[int]:
+        if item.token_ids is not None:
+            return list(item.token_ids)
+        return list(self.tokenizer.encode(item.text, add_special_tokens=False))
+
+    async def score(self, p: be.ScoreParams) -> be.ScoreResult:
+        """Label-token scoring: the next-token logprobs of the label tokens after query + candidate,
+        from one 1-token greedy generation per pair with top-k output logprobs (k = max_top_n).
+        TensorRT-LLM cannot score explicit tokens, so a label outside the top k is an error."""
+        from tensorrt_llm import SamplingParams
+
+        labels = list(p.label_token_ids)  # non-empty: the card declares native_scoring=False
+        k = self.options.max_top_n
+        lora = self._loras.get(p.context.lora_name) if p.context.lora_name else None
+        handles: list = []
+
+        async def one(where: str, prompt_ids: list[int]) -> list[float]:
+            sp = SamplingParams(max_tokens=1, temperature=0.0, logprobs=k)
+            kw = {"lora_request": lora} if lora is not None else {}
+            handle = self.llm.generate_async({"prompt_token_ids": prompt_ids}, sp, streaming=False, **kw)
+            handles.append(handle)
+            last = None
+            async for out in _iterate(handle):
+                last = out
+            comp = last.outputs[0] if last is not None and last.outputs else None
+            if comp is None or comp.finish_reason == "cancelled" or not comp.logprobs:
+                raise EngineFailure(ErrorCode.INTERNAL, f"TensorRT-LLM returned no logprobs for {where}")
+            position = comp.logprobs[0]
+            values = []
+            for t in labels:
+                entry = position.get(t)
+                if entry is None:
+                    raise translate.logprob_error(t, k, where)
+                values.append(entry.logprob)
+            return values
+
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        jobs, shape, total = [], [], 0
+        for g in p.groups:
+            head = ([bos] if bos is not None and g.query.text is not None else []) + self._ids(g.query)
+            shape.append(len(g.candidates))
+            for c in g.candidates:
+                ids = head + self._ids(c)
+                total += len(ids)
+                jobs.append(one(f"group {g.group_id!r} candidate {c.item_id!r}", ids))
+        try:
+            results = await asyncio.gather(*jobs)
+        finally:
+            for h in handles:
+                if not getattr(h, "finished", True):
+                    _abort(h)
+        softmax = p.normalization == ScoreNormalization.SOFTMAX
+        groups, i = [], 0
+        for n in shape:
+            row = []
+            for _ in range(n):
+                values = results[i]
+                i += 1
+                if softmax:
+                    m = max(values)
+                    exps = [math.exp(v - m) for v in values]
+                    values = [e / sum(exps) for e in exps]
+                row.append(be.CandidateScore(be.DenseTensor((len(values),), values)))
+            groups.append(row)
+        return be.ScoreResult(groups, Granularity.SEQUENCE,
+                              ValueSemantics.PROBABILITIES if softmax else ValueSemantics.LOG_PROBABILITIES,
+                              ScoreNormalization.SOFTMAX if softmax else ScoreNormalization.NONE,
+                              label_token_ids=labels, usage=be.TaskUsageData(total))
+
+
+async def _iterate(handle):
+    """A RequestOutput's updates, engine errors as EngineFailure."""
+    it = handle.__aiter__()
+    while True:
+        try:
+            out = await it.__anext__()
+        except StopAsyncIteration:
+            return
+        except (asyncio.CancelledError, EngineFailure, RequestRejected):
+            raise
+        except Exception as exc:
+            raise EngineFailure(ErrorCode.INTERNAL, f"TensorRT-LLM error: {type(exc).__name__}: {exc}") from None
+        yield out
+
+
+def _abort(handle) -> None:
+    try:
+        handle.abort()
+    except Exception:  # already finished / executor gone: nothing left to stop
+        log.debug("abort of a TensorRT-LLM request failed", exc_info=True)

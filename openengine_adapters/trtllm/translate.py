@@ -1,0 +1,388 @@
+"""Pure translations between the backend seam and TensorRT-LLM's LLM API (1.2.x).
+
+No engine is needed: these take and return plain objects (TensorRT-LLM classes are built by the
+backend from the keyword arguments returned here), so they are unit-tested with tables of cases.
+
+TensorRT-LLM streams CUMULATIVE ``CompletionOutput``s. With n > 1 each engine response updates
+one sequence while the ``*_diff`` properties of the others keep returning their last diff, so
+``OutputTranslator`` never reads ``*_diff``: it keeps its own per-index offsets into the
+cumulative ``token_ids`` / ``text`` / ``logprobs`` lists.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from openengine_adapters import backend as be
+from openengine_adapters.errors import EngineFailure, RequestRejected, invalid
+from openengine_adapters.types import ErrorCode, FinishReason, GuidedMode, StorageMedium
+
+# Characters with a meaning in the regex dialects of xgrammar / llguidance (ECMAScript-like).
+_REGEX_SPECIAL = frozenset("\\^$.|?*+()[]{}/-")
+
+# The DisaggregatedParams fields a PREFILL engine hands to the DECODE engine, in KvSession.attributes.
+DISAGG_ATTRIBUTES = ("ctx_request_id", "first_gen_tokens", "opaque_state", "draft_tokens")
+_MAX_SAFE_INT = 2**53
+
+
+# --------------------------------------------------------------------------- request side
+
+
+def max_tokens(p: be.GenerateParams, prompt_len: int, max_context: int | None) -> int:
+    """The explicit ``max_tokens`` TensorRT-LLM always gets (its default is 32 in some versions).
+
+    Absent: the room left in the context window. A prompt that leaves no room is rejected.
+    """
+    if p.stopping.max_tokens is not None:
+        if max_context is not None and prompt_len + p.stopping.max_tokens > max_context:
+            raise invalid(f"stopping.max_tokens: prompt ({prompt_len} tokens) + max_tokens "
+                          f"({p.stopping.max_tokens}) exceeds the context length {max_context}")
+        return p.stopping.max_tokens
+    if max_context is None:
+        raise invalid("stopping.max_tokens: required, the engine reports no context length")
+    room = max_context - prompt_len
+    if room < 1:
+        raise invalid(f"input: the prompt ({prompt_len} tokens) leaves no room to generate within "
+                      f"the context length {max_context}")
+    return room
+
+
+def logprob_count(sel: be.CandidateSelection | None) -> int:
+    """TensorRT-LLM's top-k ``logprobs``/``prompt_logprobs`` count for a TOP_N selection.
+
+    Never 0: some 1.x versions treat 0 as "off". With k >= 1 the sampled token is always
+    reported with its true vocabulary rank; candidates beyond ``top_n`` are filtered out.
+    """
+    return max(1, sel.top_n if sel is not None else 0)
+
+
+def sampling_kwargs(p: be.GenerateParams, prompt_len: int, max_context: int | None) -> dict[str, Any]:
+    """``SamplingParams`` keyword arguments for a validated request (presence, not truthiness)."""
+    s, st, lp = p.sampling, p.stopping, p.logprobs
+    kw: dict[str, Any] = {"n": s.num_sequences, "max_tokens": max_tokens(p, prompt_len, max_context)}
+    for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty",
+                 "repetition_penalty", "seed"):
+        value = getattr(s, name)
+        if value is not None:
+            kw[name] = value
+    if s.top_k is not None:
+        kw["top_k"] = max(s.top_k, 0)  # OpenEngine -1/0 = disabled; TensorRT-LLM 0 = all tokens
+    if st.min_tokens is not None:
+        kw["min_tokens"] = st.min_tokens
+    if st.stop_texts:
+        kw["stop"] = list(st.stop_texts)
+    if st.stop_token_ids:
+        kw["stop_token_ids"] = list(st.stop_token_ids)
+    if st.ignore_eos is not None:
+        kw["ignore_eos"] = st.ignore_eos
+    if st.include_stop_in_output is not None:
+        kw["include_stop_str_in_output"] = st.include_stop_in_output
+    if lp.output:
+        kw["logprobs"] = logprob_count(lp.output_candidates)
+    if lp.prompt:
+        kw["prompt_logprobs"] = logprob_count(lp.prompt_candidates)
+    return kw
+
+
+def choice_regex(choices: Sequence[str]) -> str:
+    """``choice`` lowered to an alternation of escaped literals (TensorRT-LLM has no choice guide)."""
+    return "(" + "|".join("".join("\\" + c if c in _REGEX_SPECIAL else c for c in ch) for ch in choices) + ")"
+
+
+def guided_kwargs(g: be.Guided) -> dict[str, Any]:
+    """``GuidedDecodingParams`` keyword arguments for one guide."""
+    if g.mode == GuidedMode.JSON_SCHEMA:
+        return {"json": g.value}
+    if g.mode == GuidedMode.REGEX:
+        return {"regex": g.value}
+    if g.mode == GuidedMode.EBNF_GRAMMAR:
+        return {"grammar": g.value}
+    if g.mode == GuidedMode.STRUCTURAL_TAG:
+        return {"structural_tag": g.value}
+    if g.mode == GuidedMode.CHOICE:
+        return {"regex": choice_regex(g.value)}
+    return {"json_object": True}
+
+
+def prompt_input(p: be.GenerateParams) -> str | dict[str, Any]:
+    """``inputs`` of ``generate_async``: the text, or a token-ids prompt."""
+    return p.prompt if p.prompt is not None else {"prompt_token_ids": list(p.token_ids)}
+
+
+# --------------------------------------------------------------------------- disaggregation
+
+
+def _int(value: Any, name: str) -> int:
+    """An integer from a Struct value: numbers arrive as doubles; big ids may be decimal strings."""
+    if isinstance(value, bool):
+        raise invalid(f"kv.session.attributes_struct.{name}: must be an integer, got a boolean")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    raise invalid(f"kv.session.attributes_struct.{name}: must be an integer, got {value!r}")
+
+
+def _int_list(value: Any, name: str) -> list[int]:
+    if not isinstance(value, list | tuple):
+        raise invalid(f"kv.session.attributes_struct.{name}: must be a list of token ids, got {value!r}")
+    out = [_int(v, f"{name}[{i}]") for i, v in enumerate(value)]
+    if any(v < 0 for v in out):
+        raise invalid(f"kv.session.attributes_struct.{name}: token ids must be >= 0")
+    return out
+
+
+def decode_disaggregated(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    """KvSession.attributes of a TensorRT-LLM prefill -> ``DisaggregatedParams`` kwargs for a
+    ``generation_only`` request. Raises ``RequestRejected`` naming the bad attribute."""
+    missing = [k for k in ("ctx_request_id", "first_gen_tokens") if k not in attributes]
+    if missing:
+        raise invalid(f"kv.session.attributes_struct.{missing[0]}: required for a TensorRT-LLM "
+                      "decode (the PrefillReady session attributes)")
+    kw: dict[str, Any] = {
+        "request_type": "generation_only",
+        "ctx_request_id": _int(attributes["ctx_request_id"], "ctx_request_id"),
+        "first_gen_tokens": _int_list(attributes["first_gen_tokens"], "first_gen_tokens"),
+    }
+    if not kw["first_gen_tokens"]:
+        raise invalid("kv.session.attributes_struct.first_gen_tokens: must not be empty")
+    state = attributes.get("opaque_state")
+    if state is None:
+        kw["opaque_state"] = None
+    elif isinstance(state, str):
+        try:
+            kw["opaque_state"] = base64.b64decode(state, validate=True)
+        except (binascii.Error, ValueError):
+            raise invalid("kv.session.attributes_struct.opaque_state: must be base64") from None
+    else:
+        raise invalid(f"kv.session.attributes_struct.opaque_state: must be a base64 string or null, "
+                      f"got {type(state).__name__}")
+    draft = attributes.get("draft_tokens")
+    kw["draft_tokens"] = None if draft is None else _int_list(draft, "draft_tokens")
+    return kw
+
+
+def encode_disaggregated(dp: Any) -> dict[str, Any]:
+    """A prefill result's ``DisaggregatedParams`` -> JSON-like KvSession.attributes."""
+    ctx = dp.ctx_request_id
+    state = dp.opaque_state
+    return {
+        "ctx_request_id": ctx if ctx is None or abs(ctx) < _MAX_SAFE_INT else str(ctx),
+        "first_gen_tokens": list(dp.first_gen_tokens or ()),
+        "opaque_state": None if state is None else base64.b64encode(bytes(state)).decode("ascii"),
+        "draft_tokens": None if dp.draft_tokens is None else list(dp.draft_tokens),
+    }
+
+
+# --------------------------------------------------------------------------- output side
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def token_logprob(position: Mapping[int, Any] | None, token_id: int | None,
+                  sel: be.CandidateSelection | None) -> be.TokenLogprob | None:
+    """One position of TensorRT-LLM logprobs (dict token_id -> Logprob(logprob, rank)).
+
+    ``token_id`` None (prompt positions): the scored token may be absent from the top-k dict
+    (TensorRT-LLM adds the SAMPLED token only), then its logprob/rank stay absent.
+    """
+    if position is None:
+        return None
+    out = be.TokenLogprob()
+    chosen = position.get(token_id) if token_id is not None else None
+    if chosen is not None:
+        out.logprob = _finite(chosen.logprob)
+        out.rank = chosen.rank
+    if sel is not None and sel.top_n > 0:
+        ranked = sorted(((e.rank if e.rank is not None else math.inf, tid, e) for tid, e in position.items()),
+                        key=lambda t: (t[0], t[1]))
+        for rank, tid, e in ranked[:sel.top_n]:
+            if rank <= sel.top_n and math.isfinite(e.logprob):
+                out.candidates.append(be.Candidate(tid, e.logprob, "", e.rank))
+    return out
+
+
+def finish(reason: str | None, stop_reason: int | str | None, token_ids: Sequence[int],
+           eos_token_id: int | None) -> tuple[FinishReason | None, be.StopMatch | None, str]:
+    """CompletionOutput finish_reason/stop_reason -> (reason, stop match, message).
+
+    ``stop_reason`` is the matched stop string (str) or stop token id (int); None on "stop"
+    means the model's end token.
+    """
+    if reason is None or reason == "not_finished":
+        return None, None, ""
+    if reason == "stop":
+        if isinstance(stop_reason, str):
+            return FinishReason.STOP, be.StopMatch(stop_text=stop_reason), ""
+        if isinstance(stop_reason, int) and not isinstance(stop_reason, bool):
+            return FinishReason.STOP, be.StopMatch(stop_token_id=stop_reason), ""
+        eos = eos_token_id if eos_token_id is not None else (token_ids[-1] if token_ids else 0)
+        return FinishReason.STOP, be.StopMatch(eos_token_id=eos), ""
+    if reason == "length":
+        return FinishReason.LENGTH, None, ""
+    if reason == "cancelled":
+        return FinishReason.CANCELLED, None, "cancelled in the engine"
+    if reason == "timeout":
+        return FinishReason.CANCELLED, None, "timed out in the engine (allotted time exceeded)"
+    return None, None, f"engine finished with {reason!r}"
+
+
+def stop_prefix_len(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
+
+
+class _Index:
+    __slots__ = ("ids", "text", "done")
+
+    def __init__(self) -> None:
+        self.ids = 0      # tokens (and logprob positions) already emitted
+        self.text = 0     # characters already emitted
+        self.done = False
+
+
+class OutputTranslator:
+    """Turns one request's cumulative RequestOutputs into delta GenerationChunks.
+
+    Stop strings: TensorRT-LLM streams the tokens of a multi-token stop string before the match
+    completes, then truncates the final output. Unless ``include_stop_in_output``, text that may
+    be the start of a stop string and the last ``stop_token_holdback`` tokens are held back until
+    the match is ruled out, so nothing is emitted and later retracted.
+    """
+
+    __slots__ = ("params", "eos_token_id", "stop_token_holdback", "max_tokens", "_first", "_idx", "_stops",
+                 "_sel")
+
+    def __init__(self, params: be.GenerateParams, eos_token_id: int | None, stop_token_holdback: int = 0) -> None:
+        self.params = params
+        self.eos_token_id = eos_token_id
+        st = params.stopping
+        self._stops = st.stop_texts if st.stop_texts and not st.include_stop_in_output else ()
+        self.stop_token_holdback = stop_token_holdback if self._stops else 0
+        self.max_tokens: int | None = None  # the explicit max_tokens sent, for the fallback below
+        self._first = True
+        self._idx = [_Index() for _ in range(params.sampling.num_sequences)]
+        self._sel = params.logprobs.output_candidates
+
+    def chunk(self, out) -> be.GenerationChunk:
+        chunk = be.GenerationChunk()
+        if self._first:
+            self._first = False
+            prompt_ids = out.prompt_token_ids or ()
+            chunk.prompt_tokens = len(prompt_ids)
+            if self.params.logprobs.prompt:
+                plp = out.outputs[0].prompt_logprobs if out.outputs else None
+                chunk.prompt = self.prompt(prompt_ids, plp)
+        cached = getattr(out, "cached_tokens", None)
+        if cached is not None:
+            chunk.cached_prompt_tokens = cached
+        for comp in out.outputs:
+            delta = self._delta(comp, bool(out.finished))
+            if delta is not None:
+                chunk.outputs.append(delta)
+        return chunk
+
+    def _inferred_finish(self, ids: Sequence[int]) -> tuple[FinishReason, be.StopMatch | None, str]:
+        """The request is final but this sequence carries no finish reason (TensorRT-LLM sets
+        reasons only on the response that completes the request): infer it from its tokens."""
+        if self.max_tokens is not None and len(ids) >= self.max_tokens:
+            return FinishReason.LENGTH, None, ""
+        last = ids[-1] if ids else None
+        if last is not None and last in self.params.stopping.stop_token_ids:
+            return FinishReason.STOP, be.StopMatch(stop_token_id=last), ""
+        if self.eos_token_id is not None:
+            return FinishReason.STOP, be.StopMatch(eos_token_id=self.eos_token_id), "finish reason inferred"
+        raise EngineFailure(ErrorCode.INTERNAL, f"engine ended sequence {len(self._idx)} without a finish reason")
+
+    def _delta(self, comp, final: bool = False) -> be.OutputDelta | None:
+        index = comp.index
+        if not 0 <= index < len(self._idx):
+            raise EngineFailure(ErrorCode.INTERNAL, f"engine produced sequence index {index}")
+        st = self._idx[index]
+        if st.done:
+            return None
+        ids = comp.token_ids or []
+        reason, stop, message = finish(comp.finish_reason, comp.stop_reason, ids, self.eos_token_id)
+        if reason is None and comp.finish_reason not in (None, "not_finished"):
+            raise EngineFailure(ErrorCode.INTERNAL, message)
+        if reason is None and final:
+            reason, stop, message = self._inferred_finish(ids)
+        text = comp.text or ""
+        if reason is None and self._stops:
+            id_end = max(st.ids, len(ids) - self.stop_token_holdback)
+            text_end = max(st.text, len(text) - stop_prefix_len(text, self._stops))
+        else:
+            id_end, text_end = len(ids), len(text)
+            if reason == FinishReason.STOP and stop.stop_text is not None and self._stops \
+                    and text.endswith(stop.stop_text):
+                text_end -= len(stop.stop_text)  # defensive: some versions keep it in the text
+        new_ids = ids[st.ids:id_end]
+        new_text = text[st.text:text_end] if text_end > st.text else ""
+        delta = be.OutputDelta(index=index, token_ids=new_ids, text=new_text)
+        if self.params.logprobs.output and new_ids:
+            lps = comp.logprobs or []
+            delta.logprobs = [token_logprob(lps[i] if i < len(lps) else None, tid, self._sel) or be.TokenLogprob()
+                              for i, tid in zip(range(st.ids, id_end), new_ids, strict=True)]
+            delta.tokens = [""] * len(new_ids)
+        st.ids = max(st.ids, id_end)
+        st.text = max(st.text, text_end)
+        if reason is not None:
+            st.done = True
+            delta.finish_reason, delta.stop, delta.finish_message = reason, stop, message
+        elif not new_ids and not new_text:
+            return None
+        return delta
+
+    def prompt(self, prompt_ids: Sequence[int], prompt_logprobs) -> list[be.PromptToken]:
+        """PromptTokens from TensorRT-LLM prompt logprobs.
+
+        TensorRT-LLM computes them from the context logits: entry ``i`` is the next-token
+        distribution after prompt position ``i``, so it scores prompt token ``i + 1`` (top-k
+        only; the prompt token itself is present only when it is in the top k).
+        """
+        start = self.params.logprobs.prompt_start or 0
+        sel = self.params.logprobs.prompt_candidates
+        lps = prompt_logprobs or []
+        tokens = []
+        for i in range(start, len(prompt_ids)):
+            tid = prompt_ids[i]
+            pos = lps[i - 1] if 0 < i <= len(lps) else None
+            tokens.append(be.PromptToken(tid, "", token_logprob(pos, tid, sel) if pos is not None else None))
+        return tokens
+
+    def unfinished(self) -> list[int]:
+        return [i for i, st in enumerate(self._idx) if not st.done]
+
+
+# --------------------------------------------------------------------------- KV events
+
+
+def block_hash(value: int) -> be.BlockHash:
+    """TensorRT-LLM block hashes are 64-bit integers (signed or unsigned): 8 bytes, int64."""
+    v = int(value) & (2**64 - 1)
+    return be.BlockHash(v.to_bytes(8, "big"), "int64")
+
+
+def medium(cache_level: Any) -> StorageMedium:
+    """TensorRT-LLM cache levels: 0 = GPU (primary), 1 = host (secondary offload)."""
+    return {0: StorageMedium.GPU, 1: StorageMedium.CPU_PINNED}.get(cache_level, StorageMedium.UNSPECIFIED)
+
+
+def logprob_error(label: int, k: int, where: str) -> RequestRejected:
+    return invalid(f"options.label_token_ids: token {label} is not among the top {k} next tokens "
+                   f"after {where}; TensorRT-LLM reports top-k logprobs only, so its score is unknown "
+                   f"(below the k-th logprob)")

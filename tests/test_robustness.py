@@ -1,0 +1,147 @@
+"""Races and failures around acceptance, abort, drain and event streams (review regressions)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+from fake_backend import FakeBackend
+from helpers import collect, expect_status, gen_request, read_rest, rejection
+
+from openengine_adapters import backend as be
+from openengine_adapters.errors import EngineFailure
+from openengine_adapters.types import ErrorCode, FinishReason
+from openengine_adapters.v1 import embedding_pb2, kv_pb2, lifecycle_pb2, tasks_pb2
+from openengine_adapters.v1 import generation_pb2 as g
+
+SLOW = {"fake.step_delay_ms": "20"}
+
+
+def slow(rid: str, max_tokens: int = 200) -> g.GenerateRequest:
+    return gen_request("hi", request_id=rid, metadata=SLOW, stopping=g.StoppingOptions(max_tokens=max_tokens))
+
+
+async def settle(predicate, timeout: float = 5.0) -> None:
+    end = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < end, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+def idle(h) -> bool:
+    return len(h.service.registry) == 0 and h.service.admission.in_flight == 0
+
+
+class CancelledFinishesOnAbort(FakeBackend):
+    """Like vLLM's engine: an aborted request ends with 'cancelled' finishes for every output."""
+
+    async def _decode(self, params, stop, delay):
+        async for chunk in super()._decode(params, stop, delay):
+            yield chunk
+        if stop.is_set():
+            yield be.GenerationChunk(outputs=[be.OutputDelta(i, finish_reason=FinishReason.CANCELLED)
+                                              for i in range(params.sampling.num_sequences)])
+
+
+async def test_drain_abort_is_a_retryable_draining_error_whatever_the_engine_reports(serve):
+    async with serve() as h:
+        h.service.backend = backend = CancelledFinishesOnAbort()
+        h.fake = backend
+        call = h.stub.Generate(slow("d1"))
+        await call.read()
+        events = [e async for e in h.stub.Drain(lifecycle_pb2.DrainRequest(
+            stop_accepting_new_requests=True, deadline_ms=0, abort_after_deadline=True))]
+        assert events[-1].state == lifecycle_pb2.DRAIN_STATE_COMPLETE
+        last = (await read_rest(call))[-1]
+        assert last.error.code == ErrorCode.DRAINING and last.error.retryable
+
+
+class SlowAcceptSlowAbort(FakeBackend):
+    async def generate(self, params):
+        await asyncio.sleep(0.2)
+        return await super().generate(params)
+
+    async def abort(self, ids):
+        await asyncio.sleep(0.3)
+        await super().abort(ids)
+
+
+async def test_abort_during_acceptance_leaks_nothing(serve):
+    async with serve() as h:
+        h.service.backend = SlowAcceptSlowAbort()
+        call = h.stub.Generate(slow("leak1"), timeout=0.4)
+        await asyncio.sleep(0.05)
+        abort = asyncio.ensure_future(h.stub.Abort(lifecycle_pb2.AbortRequest(request_id="leak1")))
+        try:
+            await read_rest(call)
+        except grpc.aio.AioRpcError:
+            pass
+        await abort
+        await settle(lambda: idle(h))
+        await collect(h.stub, slow("leak1", 2))  # the id is free again
+
+
+async def test_failing_abort_during_drain_is_a_terminal_error_then_ok(oe):
+    call = oe.stub.Generate(slow("d2"))
+    await call.read()
+
+    async def broken_abort(ids):
+        raise RuntimeError("engine core gone")
+
+    oe.fake.abort = broken_abort
+    drain = oe.stub.Drain(lifecycle_pb2.DrainRequest(stop_accepting_new_requests=True, deadline_ms=0,
+                                                    abort_after_deadline=True))
+    events = [e async for e in drain]
+    assert [e.WhichOneof("event") for e in events] == ["state", "error"]
+    assert "engine core gone" in events[-1].error.message
+    assert await drain.code() == grpc.StatusCode.OK
+    call.cancel()
+
+
+async def test_task_aborted_by_drain_is_retryable(oe):
+    req = embedding_pb2.EmbedRequest(
+        context=tasks_pb2.TaskRequestContext(request_id="t1", model="tiny", metadata={"fake.step_delay_ms": "3000"}),
+        inputs=[tasks_pb2.TaskInput(item_id="x", text="abc")])
+    call = oe.stub.Embed(req)
+    await settle(lambda: oe.service.registry.get("t1") is not None)
+    [e async for e in oe.stub.Drain(lifecycle_pb2.DrainRequest(stop_accepting_new_requests=True, deadline_ms=0,
+                                                               abort_after_deadline=True))]
+    exc = await expect_status(call, grpc.StatusCode.UNAVAILABLE)
+    err = rejection(exc)
+    assert err.code == ErrorCode.DRAINING and err.retryable and err.HasField("retry_after_ms")
+
+
+async def test_event_stream_that_cannot_start_is_a_precise_status(oe):
+    def refuse(*args):
+        raise EngineFailure(ErrorCode.INTERNAL, "kv publisher not running")
+
+    oe.fake.kv_events = refuse
+    await expect_status(oe.stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest()), grpc.StatusCode.INTERNAL,
+                        "kv publisher not running")
+
+    def crash(*args):
+        raise RuntimeError("boom")
+
+    oe.fake.kv_events = crash
+    await expect_status(oe.stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest()), grpc.StatusCode.INTERNAL,
+                        "boom")
+
+
+async def test_label_only_scorer_refuses_native_scoring_before_acceptance(serve):
+    from dataclasses import replace
+
+    from fake_backend import default_card
+
+    from openengine_adapters.v1 import scoring_pb2
+
+    card = default_card()
+    card = replace(card, tasks=replace(card.tasks, score=replace(card.tasks.score, native_scoring=False)))
+    async with serve(None, cards=[card]) as h:
+        group = scoring_pb2.ScoreGroup(group_id="g", query=tasks_pb2.TaskInput(item_id="q", text="a"),
+                                       candidates=[tasks_pb2.TaskInput(item_id="c", text="b")])
+        ctx = tasks_pb2.TaskRequestContext(request_id="s", model="tiny")
+        await expect_status(h.stub.Score(scoring_pb2.ScoreRequest(context=ctx, groups=[group])),
+                            grpc.StatusCode.INVALID_ARGUMENT, "label_token_ids")
+        resp = await h.stub.Score(scoring_pb2.ScoreRequest(context=ctx, groups=[group],
+                                                           options=scoring_pb2.ScoreOptions(label_token_ids=[5])))
+        assert list(resp.label_token_ids) == [5]

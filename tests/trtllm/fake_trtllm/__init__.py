@@ -1,0 +1,457 @@
+"""A deterministic fake of TensorRT-LLM 1.2's LLM API, faithful to the behaviours the adapter
+depends on (see /work/shared/engines/trtllm.md and tensorrt_llm/executor/result.py):
+
+- ``generate_async`` returns a ``RequestOutput`` at once; it is async-iterable and every engine
+  response MUTATES it (the same object is yielded each time).
+- Outputs are CUMULATIVE. With n > 1 each response updates ONE sequence: only that sequence's
+  ``_last_*_len`` move, so the others' ``*_diff`` keep repeating their stale last diff.
+- ``abort()`` ends the stream with finish_reason ``cancelled`` on every unfinished sequence.
+- ``SamplingParams.max_tokens`` defaults to 32: the fake records whether it was set explicitly.
+- Stop strings / stop token ids finish with ``stop_reason``; unless include_stop_str_in_output the
+  stop tokens are truncated from the final output (multi-token stops were streamed before).
+- logprobs: list of dict token_id -> Logprob(logprob, rank), top-k plus the sampled token;
+  prompt_logprobs: entry i is the distribution after prompt position i (scores token i + 1).
+- ``cached_tokens`` from a block-reuse prefix cache (4-token blocks, keyed by cache_salt).
+- ``get_stats_async(timeout)`` / ``get_kv_cache_events_async(timeout)``: single-consumer queues
+  that drain on read and end after ``timeout`` without data.
+- LoRA adapters load lazily on first use; DisaggregatedParams context_only / generation_only.
+
+Tokenizer: one character = one token (``ord``), BOS 1, EOS 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+__version__ = "1.2.0"
+BOS, EOS = 1, 2
+TEXT = "hello world. "
+BLOCK = 4
+
+
+class Tokenizer:
+    bos_token_id = BOS
+    eos_token_id = EOS
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return ([BOS] if add_special_tokens else []) + [ord(c) for c in text]
+
+    def decode(self, ids) -> str:
+        return "".join(chr(i) for i in ids if i > 2)
+
+
+@dataclass(slots=True)
+class Logprob:
+    logprob: float
+    rank: int | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class GuidedDecodingParams:
+    json: Any = None
+    regex: str | None = None
+    grammar: str | None = None
+    json_object: bool = False
+    structural_tag: str | None = None
+
+
+class SamplingParams:
+    FIELDS = {"max_tokens": 32, "n": 1, "temperature": None, "top_p": None, "top_k": None, "min_p": None,
+              "frequency_penalty": None, "presence_penalty": None, "repetition_penalty": None, "seed": None,
+              "min_tokens": None, "stop": None, "stop_token_ids": None, "ignore_eos": False,
+              "include_stop_str_in_output": False, "logprobs": None, "prompt_logprobs": None,
+              "guided_decoding": None, "best_of": None}
+
+    def __init__(self, **kw):
+        unknown = set(kw) - set(self.FIELDS)
+        if unknown:
+            raise TypeError(f"unexpected SamplingParams fields {sorted(unknown)}")
+        for k, v in self.FIELDS.items():
+            setattr(self, k, kw.get(k, v))
+        self.explicit = frozenset(kw)
+        if self.n < 1:
+            raise ValueError("n must be >= 1")
+
+
+@dataclass(slots=True)
+class DisaggregatedParams:
+    request_type: str | None = None
+    first_gen_tokens: list[int] | None = None
+    ctx_request_id: int | None = None
+    opaque_state: bytes | None = None
+    draft_tokens: list[int] | None = None
+
+
+@dataclass(slots=True)
+class SchedulingParams:
+    attention_dp_rank: int | None = None
+    attention_dp_relax: bool = True
+
+
+@dataclass(slots=True)
+class LoRARequest:
+    lora_name: str
+    lora_int_id: int
+    lora_path: str = ""
+
+
+@dataclass
+class KvCacheConfig:
+    free_gpu_memory_fraction: float = 0.9
+    enable_block_reuse: bool = True
+    event_buffer_max_size: int = 0
+    tokens_per_block: int = BLOCK
+
+
+@dataclass
+class CacheTransceiverConfig:
+    backend: str = "DEFAULT"
+
+
+@dataclass
+class LoraConfig:
+    max_lora_rank: int = 64
+    max_loras: int = 4
+    max_cpu_loras: int = 8
+    lora_target_modules: list | None = None
+
+
+@dataclass
+class Args:
+    model: str = "fake-model"
+    max_seq_len: int = 256
+    max_batch_size: int = 8
+    max_num_tokens: int = 2048
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    enable_attention_dp: bool = False
+    enable_iter_perf_stats: bool = True
+    kv_cache_config: KvCacheConfig = field(default_factory=lambda: KvCacheConfig(event_buffer_max_size=64))
+    lora_config: LoraConfig | None = None
+    guided_decoding_backend: str | None = "xgrammar"
+    cache_transceiver_config: CacheTransceiverConfig | None = None
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    prompt_logprobs: list = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    disaggregated_params: DisaggregatedParams | None = None
+    _last_text_len: int = 0
+    _last_token_ids_len: int = 0
+    _last_logprobs_len: int = 0
+
+    @property
+    def text_diff(self) -> str:
+        return self.text[self._last_text_len:]
+
+    @property
+    def token_ids_diff(self) -> list[int]:
+        return self.token_ids[self._last_token_ids_len:]
+
+    @property
+    def logprobs_diff(self) -> list:
+        return self.logprobs[self._last_logprobs_len:]
+
+
+class _Queue:
+    """A single-consumer, drain-on-read queue; bounded (oldest dropped) like the engine's."""
+
+    def __init__(self, maxlen: int | None = None):
+        self.items: deque = deque(maxlen=maxlen)
+        self.event = asyncio.Event()
+
+    def put(self, item) -> None:
+        self.items.append(item)
+        self.event.set()
+
+    async def drain(self, timeout: float):
+        while True:
+            while self.items:
+                yield self.items.popleft()
+            self.event.clear()
+            try:
+                await asyncio.wait_for(self.event.wait(), timeout)
+            except TimeoutError:
+                return
+
+
+def _topk(best: int, k: int, extra: int | None = None) -> dict[int, Logprob]:
+    d = {best + r: Logprob(-0.25 * r - 0.1, r + 1) for r in range(k)}
+    if extra is not None and extra not in d:
+        d[extra] = Logprob(-9.5, 1000)
+    return d
+
+
+class RequestOutput:
+    def __init__(self, llm: LLM, request_id: int, prompt_ids: list[int], sp: SamplingParams):
+        self._llm = llm
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_ids
+        self.sampling_params = sp
+        self.outputs = [CompletionOutput(i) for i in range(sp.n)]
+        self.finished = False
+        self.cached_tokens = 0
+        if sp.prompt_logprobs:
+            self.outputs[0].prompt_logprobs = [_topk(prompt_ids[i + 1], sp.prompt_logprobs)
+                                               for i in range(len(prompt_ids) - 1)]
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._task: asyncio.Task | None = None
+        self.aborted = False
+
+    def abort(self) -> None:
+        self.aborted = True
+        self._llm.abort_calls.append(self.request_id)
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        elif self.finished:
+            self._llm.context_sessions.pop(self.request_id, None)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self.finished:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, Exception):
+            self.finished = True
+            raise item
+        self._apply(*item)
+        return self
+
+    def __await__(self):
+        async def run():
+            async for _ in self:
+                pass
+            return self
+        return run().__await__()
+
+    def _apply(self, idx, new_ids, new_lps, reason, stop_reason, final, disagg):
+        out = self.outputs[idx]
+        out._last_token_ids_len = len(out.token_ids)
+        out._last_text_len = len(out.text)
+        out._last_logprobs_len = len(out.logprobs)
+        out.token_ids.extend(new_ids)
+        if self.sampling_params.logprobs is not None:
+            out.logprobs.extend(new_lps)
+        if reason is not None:
+            out.finish_reason, out.stop_reason = reason, stop_reason
+            if reason == "stop" and stop_reason is not None and not self.sampling_params.include_stop_str_in_output:
+                cut = len(self._llm.stop_ids(stop_reason))
+                del out.token_ids[len(out.token_ids) - cut:]
+                del out.logprobs[len(out.token_ids):]
+        out.disaggregated_params = disagg
+        out.text = self._llm.tokenizer.decode(out.token_ids)
+        if final:
+            self.finished = True
+
+
+class LLM:
+    def __init__(self, args: Args | None = None, **kwargs):
+        self.args = args or Args()
+        self.init_kwargs = kwargs
+        self.tokenizer = Tokenizer()
+        self.step_s = 0.0
+        self.eos_after: int | None = None
+        self.ids = itertools.count(100)
+        self.live: dict[int, RequestOutput] = {}
+        self.abort_calls: list[int] = []
+        self.submitted: list[dict] = []
+        self.lora_loaded: dict[int, str] = {}
+        self.lora_loads: list[int] = []
+        self.context_sessions: dict[int, list[int]] = {}
+        self.cache: set[tuple] = set()
+        self.iteration = 0
+        kv = self.args.kv_cache_config
+        self.kv_queue = _Queue(kv.event_buffer_max_size or None)
+        self.stats_queue = _Queue(1000)
+        self.event_id = itertools.count(0)
+        self.shut = False
+        if kv.event_buffer_max_size:
+            self.emit_kv({"type": "created", "num_blocks_per_cache_level": [128, 0]})
+
+    # -- engine queues ----------------------------------------------------------
+    def emit_kv(self, data: dict, rank: int | None = None) -> None:
+        if self.args.kv_cache_config.event_buffer_max_size:
+            ev = {"event_id": next(self.event_id), "data": data, "window_size": 64}
+            if rank is not None:
+                ev["attention_dp_rank"] = rank
+            self.kv_queue.put(ev)
+
+    def restart_kv(self) -> None:
+        """The engine recreated its cache (e.g. restarted): event ids start over."""
+        self.event_id = itertools.count(0)
+        self.cache.clear()
+        self.emit_kv({"type": "created", "num_blocks_per_cache_level": [128, 0]})
+
+    def get_kv_cache_events_async(self, timeout: float = 2):
+        return self.kv_queue.drain(timeout)
+
+    def get_stats_async(self, timeout: float = 2):
+        return self.stats_queue.drain(timeout)
+
+    def shutdown(self) -> None:
+        self.shut = True
+
+    # -- helpers ------------------------------------------------------------------
+    def stop_ids(self, stop_reason) -> list[int]:
+        if isinstance(stop_reason, str):
+            return self.tokenizer.encode(stop_reason, add_special_tokens=False)
+        return [stop_reason]
+
+    def _prefix_cache(self, ids: list[int], salt: str | None, lora: int) -> int:
+        cached, parent, first_parent = 0, None, None
+        stored = []
+        for b in range(len(ids) // BLOCK):
+            blk = tuple(ids[b * BLOCK:(b + 1) * BLOCK])
+            key = (salt, lora, parent, blk)
+            h = zlib.crc32(repr(key).encode())
+            if key in self.cache:
+                if cached == b * BLOCK:
+                    cached += BLOCK
+            else:
+                self.cache.add(key)
+                if not stored:
+                    first_parent = parent
+                stored.append({"type": "stored_block", "block_hash": h, "lora_id": lora or None, "cache_level": 0,
+                               "priority": 35, "tokens": [{"type": "unique_token", "token_id": t,
+                                                           "token_extra_id": 0} for t in blk]})
+            parent = h
+        if stored:
+            self.emit_kv({"type": "stored", "parent_hash": first_parent, "blocks": stored})
+        return cached
+
+    def _stats(self) -> None:
+        self.iteration += 1
+        active = sum(1 for r in self.live.values() if not r.finished)
+        self.stats_queue.put(json.dumps({
+            "iter": self.iteration, "iterLatencyMS": 1.5, "numActiveRequests": active, "numQueuedRequests": 0,
+            "kvCacheStats": {"maxNumBlocks": 128, "usedNumBlocks": 4 * active, "tokensPerBlock": BLOCK},
+            "inflightBatchingStats": {"numContextRequests": 0, "numGenRequests": active, "numCtxTokens": 0,
+                                      "numScheduledRequests": active}}))
+
+    # -- the API --------------------------------------------------------------------
+    def generate_async(self, inputs, sampling_params: SamplingParams | None = None, lora_request=None,
+                       prompt_adapter_request=None, streaming: bool = False, kv_cache_retention_config=None,
+                       disaggregated_params: DisaggregatedParams | None = None, _postproc_params=None,
+                       scheduling_params: SchedulingParams | None = None, cache_salt: str | None = None):
+        sp = sampling_params or SamplingParams()
+        assert "max_tokens" in sp.explicit, "the adapter must always set max_tokens explicitly"
+        if isinstance(inputs, str):
+            ids = self.tokenizer.encode(inputs)
+        else:
+            ids = list(inputs["prompt_token_ids"])
+        if not ids:
+            raise ValueError("prompt is empty")
+        if len(ids) + sp.max_tokens > self.args.max_seq_len:
+            raise ValueError("prompt + max_tokens exceeds max_seq_len")
+        greedy = sp.temperature == 0 or sp.top_k == 1
+        if sp.n > 1 and greedy and not os.environ.get("TLLM_ALLOW_N_GREEDY_DECODING"):
+            raise ValueError("Greedy decoding in the LLM API does not allow multiple returns (n > 1)")
+        if scheduling_params is not None and not self.args.enable_attention_dp:
+            raise ValueError("attention_dp_rank needs enable_attention_dp")
+        if lora_request is not None and self.args.lora_config is None:
+            raise ValueError("LoRA is not enabled")
+        rid = next(self.ids)
+        out = RequestOutput(self, rid, ids, sp)
+        self.submitted.append({"id": rid, "inputs": inputs, "sp": sp, "lora": lora_request, "streaming": streaming,
+                               "disagg": disaggregated_params, "sched": scheduling_params, "salt": cache_salt})
+        self.live[rid] = out
+        out._task = asyncio.get_running_loop().create_task(self._run(out, lora_request, disaggregated_params,
+                                                                     cache_salt))
+        return out
+
+    async def _run(self, out: RequestOutput, lora, disagg, salt) -> None:
+        sp = out.sampling_params
+        done = [False] * sp.n
+        try:
+            shift = 0
+            if lora is not None:
+                if lora.lora_int_id not in self.lora_loaded:  # lazy: weights read on first use
+                    if not os.path.isfile(os.path.join(lora.lora_path, "adapter_config.json")):
+                        raise RuntimeError(f"cannot load LoRA {lora.lora_path}")
+                    self.lora_loaded[lora.lora_int_id] = lora.lora_path
+                    self.lora_loads.append(lora.lora_int_id)
+                shift = lora.lora_int_id
+            first: list[int] = []
+            if disagg is not None and disagg.request_type == "generation_only":
+                if disagg.ctx_request_id not in self.context_sessions:
+                    raise RuntimeError(f"no context for ctx_request_id {disagg.ctx_request_id}")
+                del self.context_sessions[disagg.ctx_request_id]
+                first = list(disagg.first_gen_tokens)
+            out.cached_tokens = self._prefix_cache(out.prompt_token_ids, salt, lora.lora_int_id if lora else 0)
+            n = sp.n
+            made = [0] * n
+            produced = [list(first) for _ in range(n)]
+            seed = sp.seed or 0
+            step = 0
+            pending = [list(first) for _ in range(n)]  # generation_only: the context's first token(s)
+            if first:
+                for i in range(n):
+                    made[i] = len(first)
+            while not all(done):
+                for i in range(n):
+                    if done[i]:
+                        continue
+                    await asyncio.sleep(self.step_s)
+                    step += 1
+                    burst = 2 if step % 3 == 0 else 1
+                    new, lps, reason, stop_reason = pending[i], [None] * len(pending[i]), None, None
+                    pending[i] = []
+                    for _ in range(burst):
+                        t = made[i]
+                        if self.eos_after is not None and t >= self.eos_after and not sp.ignore_eos \
+                                and t >= (sp.min_tokens or 0):
+                            reason = "stop"
+                            break
+                        tok = ord(TEXT[(t + 3 * i + seed + shift) % len(TEXT)])
+                        new.append(tok)
+                        produced[i].append(tok)
+                        lps.append(_topk(tok, sp.logprobs or 0, tok) if sp.logprobs else None)
+                        made[i] += 1
+                        if t + 1 >= (sp.min_tokens or 0):
+                            if sp.stop_token_ids and tok in sp.stop_token_ids:
+                                reason, stop_reason = "stop", tok
+                                break
+                            stops = [sp.stop] if isinstance(sp.stop, str) else (sp.stop or [])
+                            hit = next((s for s in stops
+                                        if produced[i][-len(s):] == self.stop_ids(s)), None)
+                            if hit is not None:
+                                reason, stop_reason = "stop", hit
+                                break
+                        if made[i] >= sp.max_tokens:
+                            reason = "length"
+                            break
+                    if disagg is not None and disagg.request_type == "context_only" and reason is None:
+                        reason = "length"
+                    if reason is not None:
+                        done[i] = True
+                    dp = None
+                    if disagg is not None and disagg.request_type == "context_only":
+                        self.context_sessions[out.request_id] = out.prompt_token_ids
+                        dp = DisaggregatedParams("context_only", list(produced[i]), out.request_id,
+                                                 b"\x00state-" + str(out.request_id).encode(), None)
+                    out._queue.put_nowait((i, new, lps, reason, stop_reason, all(done), dp))
+                    self._stats()
+        except asyncio.CancelledError:
+            # abort: every unfinished sequence ends "cancelled" in one final response each
+            unfinished = [i for i in range(sp.n) if not done[i]]
+            for k, i in enumerate(unfinished):
+                out._queue.put_nowait((i, [], [], "cancelled", None, k == len(unfinished) - 1, None))
+        except Exception as exc:
+            out._queue.put_nowait(RuntimeError(str(exc)))
+        finally:
+            self.live.pop(out.request_id, None)

@@ -1,0 +1,278 @@
+"""LoRA registry, score, load, runtime/KV events and disaggregation over gRPC on the fake."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+
+import fake_trtllm
+import grpc
+import pytest
+from google.protobuf import json_format
+from helpers import collect, expect_status, gen_request, read_rest
+from stream_contract import check_generate_stream
+
+from openengine_adapters.v1 import (
+    engine_pb2,
+    input_pb2,
+    kv_pb2,
+    lifecycle_pb2,
+    lora_pb2,
+    model_pb2,
+    observability_pb2,
+    scoring_pb2,
+    tasks_pb2,
+)
+from openengine_adapters.v1 import generation_pb2 as g
+
+LORA_ARGS = fake_trtllm.Args(lora_config=fake_trtllm.LoraConfig())
+
+
+def adapter_dir(tmp_path, name="a", weights=True, config=True):
+    d = tmp_path / name
+    d.mkdir()
+    if config:
+        (d / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16}))
+    if weights:
+        (d / "adapter_model.safetensors").write_bytes(b"\0")
+    return str(d)
+
+
+def load(lora_id, name, path):
+    return lora_pb2.LoadLoraRequest(adapter=lora_pb2.LoraAdapter(lora_id=lora_id, lora_name=name, source_path=path))
+
+
+async def test_lora_lazy_registry(serve, tmp_path):
+    async with serve(LORA_ARGS) as h:
+        path = adapter_dir(tmp_path)
+        resp = await h.stub.LoadLora(load(3, "a", path))
+        assert not resp.already_loaded and h.llm.lora_loads == []  # nothing read yet
+        assert (await h.stub.LoadLora(load(3, "a", path))).already_loaded
+        await expect_status(h.stub.LoadLora(load(4, "a", path)), grpc.StatusCode.ALREADY_EXISTS)
+        await expect_status(h.stub.LoadLora(load(5, "b", adapter_dir(tmp_path, "nw", weights=False))),
+                            grpc.StatusCode.INVALID_ARGUMENT, "no weights")
+        await expect_status(h.stub.LoadLora(load(5, "b", adapter_dir(tmp_path, "nc", config=False))),
+                            grpc.StatusCode.INVALID_ARGUMENT, "adapter_config.json")
+        req = gen_request("hi", lora_name="a", stopping=g.StoppingOptions(max_tokens=3))
+        s = check_generate_stream(req, await collect(h.stub, req))
+        assert h.llm.lora_loads == [3]  # loaded on first use
+        assert s.text[0] == "".join(fake_trtllm.TEXT[(t + 3) % 13] for t in range(3))
+        assert h.llm.submitted[-1]["lora"].lora_int_id == 3
+        listed = await h.stub.ListLoras(lora_pb2.ListLorasRequest())
+        assert [a.lora_name for a in listed.adapters] == ["a"]
+        # unload refused while a request uses the adapter
+        h.llm.step_s = 0.01
+        req = gen_request("hi", lora_name="a", request_id="busy", stopping=g.StoppingOptions(max_tokens=100))
+        call = h.stub.Generate(req)
+        await call.read()
+        await expect_status(h.stub.UnloadLora(lora_pb2.UnloadLoraRequest(lora_name="a")),
+                            grpc.StatusCode.FAILED_PRECONDITION, "in use")
+        await h.stub.Abort(lifecycle_pb2.AbortRequest(request_id="busy"))
+        await read_rest(call)
+        await h.stub.UnloadLora(lora_pb2.UnloadLoraRequest(lora_name="a"))
+        await expect_status(h.stub.Generate(gen_request("hi", lora_name="a")), grpc.StatusCode.NOT_FOUND)
+        # the id is still cached by the engine for the old directory
+        await expect_status(h.stub.LoadLora(load(3, "c", adapter_dir(tmp_path, "c"))),
+                            grpc.StatusCode.INVALID_ARGUMENT, "choose a new id")
+        await h.stub.LoadLora(load(3, "a", path))  # same id, same path: fine
+
+
+async def test_lora_disabled(trt, tmp_path):
+    await expect_status(trt.stub.LoadLora(load(1, "a", adapter_dir(tmp_path))), grpc.StatusCode.FAILED_PRECONDITION)
+    await expect_status(trt.stub.Generate(gen_request("hi", lora_name="a")), grpc.StatusCode.INVALID_ARGUMENT)
+
+
+def score_request(labels, norm=tasks_pb2.SCORE_NORMALIZATION_NONE, **opts):
+    return scoring_pb2.ScoreRequest(
+        context=tasks_pb2.TaskRequestContext(request_id="sc", model="fake-model"),
+        groups=[scoring_pb2.ScoreGroup(group_id="g", query=tasks_pb2.TaskInput(item_id="q", text="ab"),
+                                       candidates=[tasks_pb2.TaskInput(item_id="c0", text="h"),
+                                                   tasks_pb2.TaskInput(item_id="c1", token_ids=input_pb2.TokenIds(
+                                                       ids=[99]))])],
+        options=scoring_pb2.ScoreOptions(label_token_ids=labels, normalization=norm, **opts))
+
+
+async def test_score_label_tokens(trt):
+    h_ = ord("h")
+    resp = await trt.stub.Score(score_request([h_, h_ + 1]))
+    assert list(resp.label_token_ids) == [h_, h_ + 1]
+    vals = [list(c.scores.values) for c in resp.groups[0].candidates]
+    assert vals[0] == pytest.approx([-0.1, -0.35])
+    sp = trt.llm.submitted[-1]["sp"]
+    assert sp.max_tokens == 1 and sp.logprobs == 20
+    assert trt.llm.submitted[-2]["inputs"]["prompt_token_ids"] == [1, 97, 98, 104]
+    resp = await trt.stub.Score(score_request([h_, h_ + 1], tasks_pb2.SCORE_NORMALIZATION_SOFTMAX))
+    assert sum(resp.groups[0].candidates[0].scores.values) == pytest.approx(1.0)
+    await expect_status(trt.stub.Score(score_request([5])), grpc.StatusCode.INVALID_ARGUMENT, "top 20")
+    await expect_status(trt.stub.Score(score_request([h_], instruction="x")), grpc.StatusCode.INVALID_ARGUMENT)
+
+
+async def test_model_info_advertisement(trt):
+    info = await trt.stub.GetModelInfo(model_pb2.GetModelInfoRequest(model="fake-model"))
+    gen = info.generation
+    assert list(gen.prompt_logprobs.candidate_selection_modes) == [model_pb2.CANDIDATE_TOKEN_SELECTION_MODE_TOP_N]
+    assert list(gen.output_logprobs.candidate_selection_modes) == [model_pb2.CANDIDATE_TOKEN_SELECTION_MODE_TOP_N]
+    assert not gen.supports_priority and not gen.supports_prefix_cache_bypass and gen.supports_cache_salt
+    assert model_pb2.GUIDED_DECODING_MODE_CHOICE in gen.guided_decoding.modes
+    assert info.max_context_length == 256 and info.kv_block_size == 4 and not info.supports_lora
+    engine = await trt.stub.GetEngineInfo(engine_pb2.GetEngineInfoRequest())
+    assert engine.engine_name == "tensorrt_llm" and engine.engine_version == "1.2.0"
+    await expect_status(trt.stub.GetKvEventSources(kv_pb2.GetKvEventSourcesRequest()), grpc.StatusCode.UNIMPLEMENTED)
+
+
+async def test_load_is_cached_and_zero_when_idle(trt):
+    idle = await trt.stub.GetLoad(observability_pb2.GetLoadRequest())
+    assert idle.HasField("running_requests") and idle.running_requests == 0
+    trt.llm.step_s = 0.01
+    req = gen_request("hi", request_id="l", stopping=g.StoppingOptions(max_tokens=100))
+    call = trt.stub.Generate(req)
+    await call.read()
+    await asyncio.sleep(0.1)
+    busy = await trt.stub.GetLoad(observability_pb2.GetLoadRequest(include_per_rank=True))
+    assert busy.running_requests == 1 and busy.total_kv_blocks == 128 and busy.used_kv_blocks == 4
+    assert len(busy.ranks) == 1
+    # the engine queue drains on read: a second read still answers from the cache
+    again = await trt.stub.GetLoad(observability_pb2.GetLoadRequest())
+    assert again.running_requests == 1
+    await trt.stub.Abort(lifecycle_pb2.AbortRequest(request_id="l"))
+    await read_rest(call)
+    after = await trt.stub.GetLoad(observability_pb2.GetLoadRequest())
+    assert after.running_requests == 0 and after.queued_requests == 0 and after.total_kv_blocks == 128
+
+
+async def test_runtime_events(trt):
+    call = trt.stub.SubscribeRuntimeEvents(observability_pb2.SubscribeRuntimeEventsRequest(
+        types=[observability_pb2.RUNTIME_EVENT_TYPE_FORWARD_PASS, observability_pb2.RUNTIME_EVENT_TYPE_QUEUE]))
+    await asyncio.sleep(0.05)
+    await collect(trt.stub, gen_request("hi", stopping=g.StoppingOptions(max_tokens=3)))
+    seen = []
+    while len(seen) < 4:
+        r = await asyncio.wait_for(call.read(), 2)
+        seen.append(r.runtime_event)
+    assert {e.type for e in seen} <= {observability_pb2.RUNTIME_EVENT_TYPE_FORWARD_PASS,
+                                      observability_pb2.RUNTIME_EVENT_TYPE_QUEUE}
+    assert any(e.type == observability_pb2.RUNTIME_EVENT_TYPE_FORWARD_PASS and "iteration" in e.attributes
+               for e in seen)
+    call.cancel()
+
+
+async def _batches(call, count):
+    out = []
+    while len(out) < count:
+        r = await asyncio.wait_for(call.read(), 2)
+        out.append(r.batch)
+    return out
+
+
+def kinds(batch):
+    return [e.WhichOneof("event") for e in batch.events]
+
+
+async def test_kv_events_sequence_replay_snapshot_and_clear(trt):
+    await asyncio.sleep(0.05)  # the engine's "created" event is consumed first
+    call = trt.stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest())
+    await asyncio.sleep(0.05)
+    await collect(trt.stub, gen_request(token_ids=input_pb2.TokenIds(ids=list(range(10, 22))),
+                                        stopping=g.StoppingOptions(max_tokens=1)))
+    (b1,) = await _batches(call, 1)
+    assert kinds(b1) == ["block_stored"] * 3
+    assert list(b1.events[0].block_stored.token_ids) == [10, 11, 12, 13] and b1.events[0].block_stored.block_size == 4
+    assert b1.events[1].block_stored.parent_block_hash == b1.events[0].block_stored.block_hashes[0]
+    assert b1.events[0].block_stored.medium == kv_pb2.STORAGE_MEDIUM_GPU
+    first_hash = b1.events[0].block_stored.block_hashes[0]
+    # removal of a block, then an engine restart: a synthesized clear
+    raw = int.from_bytes(first_hash.value, "big")
+    trt.llm.emit_kv({"type": "removed", "block_hashes": [raw]})
+    (b2,) = await _batches(call, 1)
+    assert kinds(b2) == ["block_removed"] and b2.sequence_number == b1.sequence_number + 1
+    trt.llm.restart_kv()
+    (b3,) = await _batches(call, 1)
+    assert kinds(b3) == ["all_blocks_cleared"] and b3.sequence_number == b2.sequence_number + 1
+    call.cancel()
+    # replay from a sequence number
+    replay = trt.stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest(start_sequence_number=b2.sequence_number))
+    r = await _batches(replay, 2)
+    assert [b.sequence_number for b in r] == [b2.sequence_number, b3.sequence_number]
+    replay.cancel()
+    # snapshot: cleared + live blocks, at the current sequence number
+    await collect(trt.stub, gen_request(token_ids=input_pb2.TokenIds(ids=[1, 2, 3, 4]),
+                                        stopping=g.StoppingOptions(max_tokens=1)))
+    await asyncio.sleep(0.1)
+    snap = trt.stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest(include_snapshot=True))
+    (s,) = await _batches(snap, 1)
+    assert kinds(s) == ["all_blocks_cleared", "block_stored"]
+    assert list(s.events[1].block_stored.token_ids) == [1, 2, 3, 4]
+    snap.cancel()
+
+
+async def test_kv_event_gap_synthesizes_clear(trt):
+    await asyncio.sleep(0.05)
+    trt.llm.emit_kv({"type": "stored", "parent_hash": None, "blocks": [
+        {"block_hash": 7, "tokens": [{"token_id": 1}], "cache_level": 0}]})
+    await asyncio.sleep(0.05)
+    next(trt.llm.event_id)  # an event lost in the engine's bounded buffer
+    call = trt.stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest())
+    await asyncio.sleep(0.05)
+    trt.llm.emit_kv({"type": "removed", "block_hashes": [7]})
+    (b,) = await _batches(call, 1)
+    assert kinds(b) == ["all_blocks_cleared", "block_removed"]
+    call.cancel()
+
+
+def prefill_args():
+    return fake_trtllm.Args(cache_transceiver_config=fake_trtllm.CacheTransceiverConfig("UCX"))
+
+
+async def test_prefill_decode_round_trip(serve):
+    from openengine_adapters.types import EngineRole
+
+    async with serve(prefill_args(), role=EngineRole.PREFILL) as pre, \
+            serve(prefill_args(), role=EngineRole.DECODE) as dec:
+        dec.llm.context_sessions = pre.llm.context_sessions  # the "transfer" between the fakes
+        prompt = input_pb2.TokenIds(ids=[10, 11, 12])
+        req = gen_request(token_ids=prompt, request_id="p1")
+        s = check_generate_stream(req, await collect(pre.stub, req), prefill=True)
+        session = s.prefill_ready.kv_session
+        attrs = json_format.MessageToDict(session.attributes_struct)
+        assert session.session_id == "p1" and session.transfer_backend == "UCX"
+        assert attrs["first_gen_tokens"] == [ord("h")] and base64.b64decode(attrs["opaque_state"]).startswith(b"\0")
+        assert pre.llm.submitted[-1]["disagg"].request_type == "context_only"
+        assert pre.llm.submitted[-1]["sp"].max_tokens == 1
+        dreq = gen_request(token_ids=prompt, request_id="d1", kv=g.KvOptions(session=session),
+                           stopping=g.StoppingOptions(max_tokens=5))
+        d = check_generate_stream(dreq, await collect(dec.stub, dreq))
+        assert d.text[0] == "hello"
+        assert dec.llm.submitted[-1]["disagg"].request_type == "generation_only"
+        assert dec.llm.submitted[-1]["disagg"].opaque_state.startswith(b"\0state")
+        # decode validation before acceptance
+        for bad, name in ((("ctx_request_id", None),), "ctx_request_id"), \
+                         ((("first_gen_tokens", "x"),), "first_gen_tokens"), \
+                         ((("opaque_state", "!!"),), "opaque_state"):
+            a = dict(attrs)
+            for k, v in bad:
+                if v is None:
+                    a.pop(k)
+                else:
+                    a[k] = v
+            ref = kv_pb2.KvSessionRef(session_id="x")
+            json_format.ParseDict(a, ref.attributes_struct)
+            await expect_status(dec.stub.Generate(gen_request(token_ids=prompt, kv=g.KvOptions(session=ref))),
+                                grpc.StatusCode.INVALID_ARGUMENT, name)
+        await expect_status(dec.stub.Generate(gen_request(token_ids=prompt)), grpc.StatusCode.FAILED_PRECONDITION)
+
+
+async def test_prefill_session_abort_releases(serve):
+    from openengine_adapters.types import EngineRole
+
+    async with serve(prefill_args(), role=EngineRole.PREFILL) as pre:
+        req = gen_request(token_ids=input_pb2.TokenIds(ids=[10, 11]), request_id="p2")
+        s = check_generate_stream(req, await collect(pre.stub, req), prefill=True)
+        assert pre.backend.open_kv_sessions() == 1
+        resp = await pre.stub.Abort(lifecycle_pb2.AbortRequest(kv_session=s.prefill_ready.kv_session))
+        assert resp.status == lifecycle_pb2.ABORT_STATUS_ABORTED
+        assert pre.backend.open_kv_sessions() == 0 and not pre.llm.context_sessions
+        await expect_status(pre.stub.Abort(lifecycle_pb2.AbortRequest(kv_session=s.prefill_ready.kv_session)),
+                            grpc.StatusCode.NOT_FOUND)
+        probe = await pre.stub.Health(lifecycle_pb2.HealthRequest(include_inference_probe=True))
+        assert probe.state == lifecycle_pb2.HEALTH_STATE_READY

@@ -1,0 +1,278 @@
+"""Generate through real gRPC against TrtllmBackend on the fake TensorRT-LLM."""
+
+from __future__ import annotations
+
+import asyncio
+
+import fake_trtllm
+import grpc
+import pytest
+from helpers import collect, expect_status, gen_request, read_rest
+from stream_contract import check_generate_stream
+
+from openengine_adapters.v1 import generation_pb2 as g
+from openengine_adapters.v1 import input_pb2, kv_pb2, lifecycle_pb2
+
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+TEXT = fake_trtllm.TEXT
+
+
+def expected(n_tokens: int, index: int = 0, seed: int = 0, shift: int = 0) -> str:
+    return "".join(TEXT[(t + 3 * index + seed + shift) % len(TEXT)] for t in range(n_tokens))
+
+
+async def run(trt, req, **kw):
+    return check_generate_stream(req, await collect(trt.stub, req), **kw)
+
+
+async def test_text_prompt_length_and_usage(trt):
+    req = gen_request("hi", request_id="a", stopping=g.StoppingOptions(max_tokens=7))
+    s = await run(trt, req)
+    assert s.text[0] == expected(7)
+    assert s.token_ids[0] == [ord(c) for c in expected(7)]
+    assert s.finished[0].reason == g.FINISH_REASON_LENGTH
+    assert (s.usage.prompt_tokens, s.usage.completion_tokens) == (3, 7)  # BOS + "hi"
+    assert trt.llm.submitted[-1]["streaming"] is True
+
+
+async def test_max_tokens_always_explicit_absent_means_context_room(trt):
+    req = gen_request(token_ids=input_pb2.TokenIds(ids=[5] * 250))
+    s = await run(trt, req)
+    assert trt.llm.submitted[-1]["sp"].max_tokens == 256 - 250
+    assert len(s.token_ids[0]) == 6
+
+
+async def test_n_greater_than_one_with_stale_diffs(trt):
+    req = gen_request("hi", sampling=g.SamplingParams(num_sequences=3, temperature=0.8, seed=1),
+                      stopping=g.StoppingOptions(max_tokens=9))
+    responses = await collect(trt.stub, req)
+    s = check_generate_stream(req, responses)
+    for i in range(3):
+        assert s.text[i] == expected(9, i, seed=1)
+        assert s.token_ids[i] == [ord(c) for c in expected(9, i, seed=1)]
+    assert s.usage.completion_tokens == 27
+
+
+async def test_stale_diffs_really_happen_in_the_fake(tensorrt_llm):
+    llm = tensorrt_llm.LLM()
+    out = llm.generate_async("hi", tensorrt_llm.SamplingParams(max_tokens=4, n=2, temperature=1.0), streaming=True)
+    diffs = []
+    async for o in out:
+        diffs.append((list(o.outputs[0].token_ids_diff), list(o.outputs[1].token_ids_diff)))
+    # after sequence 1 is updated, sequence 0 still reports its previous diff
+    assert any(a and b for a, b in diffs)
+
+
+async def test_greedy_n_rejected_by_engine(trt):
+    req = gen_request("hi", sampling=g.SamplingParams(num_sequences=2, temperature=0.0))
+    await expect_status(trt.stub.Generate(req), INVALID, "multiple returns")
+
+
+async def test_stop_text_multi_token_never_leaks(trt):
+    req = gen_request("hi", stopping=g.StoppingOptions(max_tokens=40, conditions=[g.StopCondition(stop_text="wor")]))
+    responses = await collect(trt.stub, req)
+    s = check_generate_stream(req, responses)
+    assert s.text[0] == "hello "
+    assert s.token_ids[0] == [ord(c) for c in "hello "]
+    assert s.finished[0].stop_match.stop_text == "wor"
+    streamed = "".join(r.token.text for r in responses if r.HasField("token"))
+    assert "w" not in streamed
+
+
+async def test_stop_text_included(trt):
+    req = gen_request("hi", stopping=g.StoppingOptions(max_tokens=40, include_stop_in_output=True,
+                                                       conditions=[g.StopCondition(stop_text="wor")]))
+    s = await run(trt, req)
+    assert s.text[0] == "hello wor"
+
+
+async def test_stop_token_id_and_eos(trt):
+    stop_w = g.StopCondition(stop_token_id=ord("w"))
+    req = gen_request("hi", stopping=g.StoppingOptions(max_tokens=40, conditions=[stop_w]))
+    s = await run(trt, req)
+    assert s.finished[0].stop_match.stop_token_id == ord("w")
+    assert s.text[0] == "hello "
+    trt.llm.eos_after = 3
+    s = await run(trt, gen_request("hi", stopping=g.StoppingOptions(max_tokens=10)))
+    assert s.finished[0].stop_match.eos_token_id == fake_trtllm.EOS and s.text[0] == "hel"
+    s = await run(trt, gen_request("hi", stopping=g.StoppingOptions(max_tokens=10, ignore_eos=True)))
+    assert s.finished[0].reason == g.FINISH_REASON_LENGTH
+    s = await run(trt, gen_request("hi", stopping=g.StoppingOptions(max_tokens=10, min_tokens=5)))
+    assert len(s.token_ids[0]) == 5
+
+
+async def test_output_logprobs_top_n(trt):
+    req = gen_request("hi", stopping=g.StoppingOptions(max_tokens=4), response=g.ResponseOptions(
+        return_output_logprobs=True, output_candidates=g.CandidateTokenSelection(top_n=3)))
+    s = await run(trt, req)
+    assert trt.llm.submitted[-1]["sp"].logprobs == 3
+    for info, tid in zip(s.tokens[0], s.token_ids[0], strict=True):
+        assert info.rank == 1 and info.logprob == pytest.approx(-0.1)
+        assert [c.token_id for c in info.candidates] == [tid, tid + 1, tid + 2]
+    req = gen_request("hi", stopping=g.StoppingOptions(max_tokens=2),
+                      response=g.ResponseOptions(return_output_logprobs=True))
+    s = await run(trt, req)
+    assert all(i.HasField("logprob") and not i.candidates for i in s.tokens[0])
+
+
+async def test_logprobs_n2_aligned(trt):
+    req = gen_request("hi", sampling=g.SamplingParams(num_sequences=2, temperature=1.0),
+                      stopping=g.StoppingOptions(max_tokens=6), response=g.ResponseOptions(
+                          return_output_logprobs=True, output_candidates=g.CandidateTokenSelection(top_n=1)))
+    s = await run(trt, req)
+    for i in range(2):
+        assert [c.candidates[0].token_id for c in s.tokens[i]] == s.token_ids[i]
+
+
+async def test_prompt_logprobs(trt):
+    req = gen_request(token_ids=input_pb2.TokenIds(ids=[70, 71, 72, 73]), stopping=g.StoppingOptions(max_tokens=1),
+                      response=g.ResponseOptions(return_prompt_logprobs=True,
+                                                 prompt_candidates=g.CandidateTokenSelection(top_n=2)))
+    s = await run(trt, req)
+    assert [t.token_id for t in s.prompt.tokens] == [70, 71, 72, 73]
+    assert not s.prompt.tokens[0].HasField("logprob")
+    for t in s.prompt.tokens[1:]:
+        assert t.rank == 1 and [c.token_id for c in t.candidates] == [t.token_id, t.token_id + 1]
+    req = gen_request(token_ids=input_pb2.TokenIds(ids=[70, 71, 72, 73]), stopping=g.StoppingOptions(max_tokens=1),
+                      response=g.ResponseOptions(return_prompt_logprobs=True, prompt_logprob_start=2))
+    s = await run(trt, req)
+    assert [t.token_id for t in s.prompt.tokens] == [72, 73] and s.prompt.tokens[0].HasField("logprob")
+
+
+@pytest.mark.parametrize("response, fragment", [
+    (g.ResponseOptions(return_output_logprobs=True, output_candidates=g.CandidateTokenSelection(
+        token_ids=input_pb2.TokenIds(ids=[1]))), "TOKEN_IDS"),
+    (g.ResponseOptions(return_output_logprobs=True, output_candidates=g.CandidateTokenSelection(
+        all=g.AllCandidates())), "ALL"),
+    (g.ResponseOptions(return_prompt_logprobs=True, prompt_candidates=g.CandidateTokenSelection(
+        all=g.AllCandidates())), "ALL"),
+    (g.ResponseOptions(return_output_logprobs=True, output_candidates=g.CandidateTokenSelection(top_n=21)),
+     "max_top_n"),
+])
+async def test_unadvertised_logprob_modes_rejected(trt, response, fragment):
+    await expect_status(trt.stub.Generate(gen_request("hi", response=response)), INVALID, fragment)
+
+
+async def test_priority_and_bypass_rejected_cache_salt_passed(trt):
+    await expect_status(trt.stub.Generate(gen_request("hi", priority=1)), INVALID, "priority")
+    await expect_status(trt.stub.Generate(gen_request("hi", kv=g.KvOptions(bypass_prefix_cache=True))), INVALID,
+                        "bypass")
+    req = gen_request("abcdefgh", stopping=g.StoppingOptions(max_tokens=1), kv=g.KvOptions(cache_salt="s1"))
+    await run(trt, req)
+    assert trt.llm.submitted[-1]["salt"] == "s1"
+    s = await run(trt, req)
+    assert s.usage.cached_prompt_tokens == 8
+    other = gen_request("abcdefgh", stopping=g.StoppingOptions(max_tokens=1), kv=g.KvOptions(cache_salt="s2"))
+    assert (await run(trt, other)).usage.cached_prompt_tokens == 0
+
+
+async def test_sampling_options_reach_engine(trt):
+    req = gen_request("hi", sampling=g.SamplingParams(temperature=0.5, top_p=0.9, top_k=-1, min_p=0.1,
+                                                      frequency_penalty=0.2, presence_penalty=0.3,
+                                                      repetition_penalty=1.1, seed=4),
+                      stopping=g.StoppingOptions(max_tokens=2, min_tokens=1))
+    await run(trt, req)
+    sp = trt.llm.submitted[-1]["sp"]
+    assert (sp.temperature, sp.top_p, sp.top_k, sp.min_p, sp.seed, sp.min_tokens) == (0.5, 0.9, 0, 0.1, 4, 1)
+    assert (sp.frequency_penalty, sp.presence_penalty, sp.repetition_penalty) == (0.2, 0.3, 1.1)
+
+
+@pytest.mark.parametrize("guide, kw", [
+    (g.GuidedDecoding(json_schema='{"type": "object"}'), {"json": '{"type": "object"}'}),
+    (g.GuidedDecoding(regex="a+"), {"regex": "a+"}),
+    (g.GuidedDecoding(ebnf_grammar="root ::= 'a'"), {"grammar": "root ::= 'a'"}),
+    (g.GuidedDecoding(structural_tag='{"a": 1}'), {"structural_tag": '{"a": 1}'}),
+    (g.GuidedDecoding(choice=g.ChoiceConstraint(choices=["a.b", "c"])), {"regex": r"(a\.b|c)"}),
+    (g.GuidedDecoding(json_object=g.JsonObjectConstraint()), {"json_object": True}),
+])
+async def test_guided_modes(trt, guide, kw):
+    await run(trt, gen_request("hi", guided=guide, stopping=g.StoppingOptions(max_tokens=1)))
+    gd = trt.llm.submitted[-1]["sp"].guided_decoding
+    for k, v in kw.items():
+        assert getattr(gd, k) == v
+
+
+async def test_guided_backend_mismatch_and_disabled(trt, serve):
+    await expect_status(trt.stub.Generate(gen_request("hi", guided=g.GuidedDecoding(regex="a", backend="llguidance"))),
+                        INVALID, "guided.backend")
+    async with serve(fake_trtllm.Args(guided_decoding_backend=None)) as h:
+        await expect_status(h.stub.Generate(gen_request("hi", guided=g.GuidedDecoding(regex="a"))), INVALID, "REGEX")
+
+
+async def test_dp_rank_needs_attention_dp(serve):
+    async with serve(fake_trtllm.Args(enable_attention_dp=True, tensor_parallel_size=2)) as h:
+        await run(h, gen_request("hi", kv=g.KvOptions(data_parallel_rank=1), stopping=g.StoppingOptions(max_tokens=1)))
+        sched = h.llm.submitted[-1]["sched"]
+        assert (sched.attention_dp_rank, sched.attention_dp_relax) == (1, False)
+        await expect_status(h.stub.Generate(gen_request("hi", kv=g.KvOptions(data_parallel_rank=2))), INVALID)
+    async with serve() as h:
+        await expect_status(h.stub.Generate(gen_request("hi", kv=g.KvOptions(data_parallel_rank=1))), INVALID)
+
+
+async def test_media_and_prompt_too_long_rejected(trt):
+    req = gen_request("hi", media=[input_pb2.MediaItem(url="http://x/y.png")])
+    await expect_status(trt.stub.Generate(req), INVALID, "media")
+    await expect_status(trt.stub.Generate(gen_request(token_ids=input_pb2.TokenIds(ids=[5] * 256))), INVALID, "room")
+
+
+async def _start_slow(trt, rid: str, n: int = 1):
+    trt.llm.step_s = 0.01
+    req = gen_request("hi", request_id=rid, sampling=g.SamplingParams(num_sequences=n, temperature=1.0),
+                      stopping=g.StoppingOptions(max_tokens=200))
+    call = trt.stub.Generate(req)
+    first = await call.read()
+    assert first.HasField("token")
+    return req, call, first
+
+
+async def test_abort_by_id_all_outputs_cancelled(trt):
+    req, call, first = await _start_slow(trt, "ab", n=2)
+    resp = await trt.stub.Abort(lifecycle_pb2.AbortRequest(request_id="ab"))
+    assert resp.status == lifecycle_pb2.ABORT_STATUS_ABORTED
+    rest = await read_rest(call)
+    s = check_generate_stream(req, [first, *rest])
+    assert {f.reason for f in s.finished.values()} == {g.FINISH_REASON_CANCELLED}
+    assert trt.llm.abort_calls and not trt.llm.live
+    again = await trt.stub.Abort(lifecycle_pb2.AbortRequest(request_id="ab"))
+    assert again.status == lifecycle_pb2.ABORT_STATUS_ALREADY_FINISHED
+
+
+async def test_abort_all(trt):
+    calls = [await _start_slow(trt, f"r{i}") for i in range(2)]
+    await trt.stub.Abort(lifecycle_pb2.AbortRequest(all_requests=lifecycle_pb2.AllRequests()))
+    for req, call, first in calls:
+        s = check_generate_stream(req, [first, *await read_rest(call)])
+        assert s.finished[0].reason == g.FINISH_REASON_CANCELLED
+    assert len(trt.llm.abort_calls) == 2 and not trt.backend._live
+
+
+async def test_client_cancel_aborts_engine_request(trt):
+    req, call, first = await _start_slow(trt, "cx")
+    call.cancel()
+    for _ in range(100):
+        if not trt.llm.live and not trt.backend._live:
+            break
+        await asyncio.sleep(0.01)
+    assert not trt.llm.live and trt.llm.abort_calls and not trt.backend._live
+
+
+async def test_engine_error_after_acceptance_is_one_engine_error(serve, tmp_path):
+    args = fake_trtllm.Args(lora_config=fake_trtllm.LoraConfig())
+    async with serve(args) as h:
+        h.backend._loras["bad"] = fake_trtllm.LoRARequest("bad", 9, str(tmp_path))  # no adapter_config.json
+        h.server.service._loras["bad"] = None
+        req = gen_request("hi", lora_name="bad")
+        s = check_generate_stream(req, await collect(h.stub, req))
+        assert s.error is not None and "cannot load LoRA" in s.error.message
+
+
+async def test_decode_probe_absent_but_aggregated_probe_runs(trt):
+    resp = await trt.stub.Health(lifecycle_pb2.HealthRequest(include_inference_probe=True))
+    assert resp.state == lifecycle_pb2.HEALTH_STATE_READY
+    assert any(c.name == "inference_probe" and c.state == lifecycle_pb2.HEALTH_STATE_READY for c in resp.checks)
+    assert trt.llm.submitted[-1]["sp"].max_tokens == 1
+
+
+async def test_kv_session_on_aggregated_rejected(trt):
+    req = gen_request("hi", kv=g.KvOptions(session=kv_pb2.KvSessionRef(session_id="s")))
+    await expect_status(trt.stub.Generate(req), grpc.StatusCode.FAILED_PRECONDITION)

@@ -1,0 +1,198 @@
+"""Tables of cases for the pure translations (no server)."""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import fake_trtllm
+import pytest
+
+from openengine_adapters import backend as be
+from openengine_adapters.errors import EngineFailure, RequestRejected
+from openengine_adapters.trtllm import translate as tr
+from openengine_adapters.types import CandidateMode, FinishReason, GuidedMode, StorageMedium
+
+
+def params(**kw) -> be.GenerateParams:
+    return be.GenerateParams(request_id="r", model="m", token_ids=(1, 2), **kw)
+
+
+@pytest.mark.parametrize("stopping, prompt_len, ctx, expected", [
+    (be.Stopping(max_tokens=5), 2, 100, 5),
+    (be.Stopping(), 2, 100, 98),
+    (be.Stopping(), 99, 100, 1),
+    (be.Stopping(max_tokens=5), 2, None, 5),
+])
+def test_max_tokens(stopping, prompt_len, ctx, expected):
+    assert tr.max_tokens(params(stopping=stopping), prompt_len, ctx) == expected
+
+
+@pytest.mark.parametrize("stopping, prompt_len, ctx, fragment", [
+    (be.Stopping(), 100, 100, "no room"),
+    (be.Stopping(max_tokens=10), 95, 100, "exceeds the context"),
+    (be.Stopping(), 2, None, "required"),
+])
+def test_max_tokens_rejected(stopping, prompt_len, ctx, fragment):
+    with pytest.raises(RequestRejected, match=fragment):
+        tr.max_tokens(params(stopping=stopping), prompt_len, ctx)
+
+
+@pytest.mark.parametrize("p, expected", [
+    (params(), {"n": 1, "max_tokens": 10}),
+    (params(sampling=be.Sampling(temperature=0.0, top_k=-1, seed=0, num_sequences=2)),
+     {"n": 2, "max_tokens": 10, "temperature": 0.0, "top_k": 0, "seed": 0}),
+    (params(stopping=be.Stopping(max_tokens=3, min_tokens=1, stop_texts=("x",), stop_token_ids=(5,),
+                                 ignore_eos=False, include_stop_in_output=True)),
+     {"n": 1, "max_tokens": 3, "min_tokens": 1, "stop": ["x"], "stop_token_ids": [5], "ignore_eos": False,
+      "include_stop_str_in_output": True}),
+    (params(logprobs=be.LogprobRequest(output=True)), {"n": 1, "max_tokens": 10, "logprobs": 1}),
+    (params(logprobs=be.LogprobRequest(output=True, output_candidates=be.CandidateSelection(CandidateMode.TOP_N, 4),
+                                       prompt=True)),
+     {"n": 1, "max_tokens": 10, "logprobs": 4, "prompt_logprobs": 1}),
+])
+def test_sampling_kwargs(p, expected):
+    assert tr.sampling_kwargs(p, 2, 12) == expected
+
+
+@pytest.mark.parametrize("choices, matches, rejects", [
+    (("yes", "no"), ["yes", "no"], ["y", "yesno"]),
+    (("a.b", "c|d", "(x)", "1+1"), ["a.b", "c|d", "(x)", "1+1"], ["axb", "c", "x", "11"]),
+    (("a b", "-/"), ["a b", "-/"], ["ab"]),
+])
+def test_choice_regex(choices, matches, rejects):
+    rx = re.compile(tr.choice_regex(choices))
+    assert all(rx.fullmatch(m) for m in matches)
+    assert not any(rx.fullmatch(r) for r in rejects)
+
+
+@pytest.mark.parametrize("mode, value, expected", [
+    (GuidedMode.JSON_SCHEMA, "{}", {"json": "{}"}),
+    (GuidedMode.REGEX, "a", {"regex": "a"}),
+    (GuidedMode.EBNF_GRAMMAR, "g", {"grammar": "g"}),
+    (GuidedMode.STRUCTURAL_TAG, "{}", {"structural_tag": "{}"}),
+    (GuidedMode.CHOICE, ("a", "b"), {"regex": "(a|b)"}),
+    (GuidedMode.JSON_OBJECT, None, {"json_object": True}),
+])
+def test_guided_kwargs(mode, value, expected):
+    assert tr.guided_kwargs(be.Guided(mode, value)) == expected
+
+
+@pytest.mark.parametrize("reason, stop_reason, expected", [
+    (None, None, (None, None)),
+    ("not_finished", None, (None, None)),
+    ("stop", "ab", (FinishReason.STOP, be.StopMatch(stop_text="ab"))),
+    ("stop", 7, (FinishReason.STOP, be.StopMatch(stop_token_id=7))),
+    ("stop", None, (FinishReason.STOP, be.StopMatch(eos_token_id=2))),
+    ("length", None, (FinishReason.LENGTH, None)),
+    ("cancelled", None, (FinishReason.CANCELLED, None)),
+    ("timeout", None, (FinishReason.CANCELLED, None)),
+    ("weird", None, (None, None)),
+])
+def test_finish(reason, stop_reason, expected):
+    assert tr.finish(reason, stop_reason, [5], 2)[:2] == expected
+
+
+@pytest.mark.parametrize("text, stops, expected", [
+    ("hello wo", ("world",), 2), ("hello", ("world",), 0), ("abc", ("c", "bcd"), 2), ("", ("x",), 0),
+    ("xx", ("xyz", "xxq"), 2),
+])
+def test_stop_prefix_len(text, stops, expected):
+    assert tr.stop_prefix_len(text, stops) == expected
+
+
+def test_token_logprob_topn_and_missing():
+    L = fake_trtllm.Logprob
+    pos = {5: L(-0.1, 1), 6: L(-0.5, 2), 7: L(-0.9, 3), 9: L(-4.0, 40)}
+    out = tr.token_logprob(pos, 9, be.CandidateSelection(CandidateMode.TOP_N, 2))
+    assert (out.logprob, out.rank) == (-4.0, 40) and [c.token_id for c in out.candidates] == [5, 6]
+    out = tr.token_logprob(pos, 8, None)
+    assert out.logprob is None and out.rank is None and not out.candidates
+    assert tr.token_logprob(None, 5, None) is None
+
+
+def comp(index, ids, text, reason=None, stop_reason=None, logprobs=None, stale=None):
+    c = fake_trtllm.CompletionOutput(index, text, list(ids), logprobs or [], [], reason, stop_reason)
+    if stale is not None:  # *_diff would lie: the translator must not care
+        c._last_token_ids_len, c._last_text_len = stale, stale
+    return c
+
+
+def out(*comps, finished=False, prompt=(1, 2)):
+    return SimpleNamespace(outputs=list(comps), prompt_token_ids=list(prompt), finished=finished, cached_tokens=0)
+
+
+def test_translator_cumulative_n2_with_stale_diffs():
+    t = tr.OutputTranslator(params(sampling=be.Sampling(num_sequences=2)), 2)
+    a = t.chunk(out(comp(0, [1], "a"), comp(1, [], "")))
+    assert [(d.index, list(d.token_ids), d.text) for d in a.outputs] == [(0, [1], "a")]
+    b = t.chunk(out(comp(0, [1], "a", stale=0), comp(1, [4, 5], "de")))
+    assert [(d.index, list(d.token_ids), d.text) for d in b.outputs] == [(1, [4, 5], "de")]
+    c = t.chunk(out(comp(0, [1, 2], "ab", "length"), comp(1, [4, 5], "de", stale=0)))
+    assert [(d.index, list(d.token_ids), d.text, d.finish_reason) for d in c.outputs] == \
+        [(0, [2], "b", FinishReason.LENGTH)]
+    d = t.chunk(out(comp(0, [1, 2], "ab", "length"), comp(1, [4, 5, 6], "def", "stop", 6), finished=True))
+    assert [(x.index, list(x.token_ids), x.finish_reason) for x in d.outputs] == [(1, [6], FinishReason.STOP)]
+    assert t.unfinished() == []
+
+
+def test_translator_stop_holdback_and_truncation():
+    p = params(stopping=be.Stopping(stop_texts=("wor",)))
+    t = tr.OutputTranslator(p, 2, stop_token_holdback=2)
+    assert t.chunk(out(comp(0, [104, 32, 119], "h w"))).outputs[0].text == "h "
+    c = t.chunk(out(comp(0, [104, 32, 119, 111], "h wo"))).outputs
+    assert c == [] or (c[0].text == "" and list(c[0].token_ids) == [32])
+    fin = t.chunk(out(comp(0, [104, 32], "h ", "stop", "wor"), finished=True)).outputs[0]
+    assert fin.finish_reason == FinishReason.STOP and fin.stop.stop_text == "wor" and fin.text == ""
+
+
+def test_translator_inferred_finish_when_request_final():
+    t = tr.OutputTranslator(params(sampling=be.Sampling(num_sequences=2)), 2)
+    t.max_tokens = 2
+    c = t.chunk(out(comp(0, [7, 8], "xy"), comp(1, [3, 4], "ab", "length"), finished=True))
+    assert {d.index: d.finish_reason for d in c.outputs} == {0: FinishReason.LENGTH, 1: FinishReason.LENGTH}
+
+
+def test_translator_unknown_reason_is_engine_failure():
+    t = tr.OutputTranslator(params(), 2)
+    with pytest.raises(EngineFailure):
+        t.chunk(out(comp(0, [1], "a", "exploded"), finished=True))
+
+
+@pytest.mark.parametrize("attrs, fragment", [
+    ({}, "ctx_request_id"),
+    ({"ctx_request_id": 1.0}, "first_gen_tokens"),
+    ({"ctx_request_id": "x", "first_gen_tokens": [1]}, "ctx_request_id"),
+    ({"ctx_request_id": 1.5, "first_gen_tokens": [1]}, "ctx_request_id"),
+    ({"ctx_request_id": 1, "first_gen_tokens": []}, "first_gen_tokens"),
+    ({"ctx_request_id": 1, "first_gen_tokens": [1.0], "opaque_state": 5}, "opaque_state"),
+    ({"ctx_request_id": 1, "first_gen_tokens": [1.0], "opaque_state": "%%"}, "opaque_state"),
+    ({"ctx_request_id": 1, "first_gen_tokens": [1.0], "draft_tokens": "x"}, "draft_tokens"),
+    ({"ctx_request_id": True, "first_gen_tokens": [1]}, "ctx_request_id"),
+])
+def test_decode_disaggregated_rejects(attrs, fragment):
+    with pytest.raises(RequestRejected, match=fragment):
+        tr.decode_disaggregated(attrs)
+
+
+def test_disaggregated_round_trip_and_big_ids():
+    dp = fake_trtllm.DisaggregatedParams("context_only", [5], 2**60, b"\x00\xff", [7, 8])
+    attrs = tr.encode_disaggregated(dp)
+    assert attrs["ctx_request_id"] == str(2**60)
+    back = tr.decode_disaggregated(attrs)
+    assert back == {"request_type": "generation_only", "ctx_request_id": 2**60, "first_gen_tokens": [5],
+                    "opaque_state": b"\x00\xff", "draft_tokens": [7, 8]}
+    small = tr.encode_disaggregated(fake_trtllm.DisaggregatedParams("context_only", [5], 3, None, None))
+    assert small["ctx_request_id"] == 3 and small["opaque_state"] is None
+
+
+@pytest.mark.parametrize("value, hexed", [(1, "0000000000000001"), (-1, "ffffffffffffffff"),
+                                          (2**64 - 1, "ffffffffffffffff")])
+def test_block_hash(value, hexed):
+    h = tr.block_hash(value)
+    assert h.value.hex() == hexed and h.encoding == "int64"
+
+
+def test_medium():
+    assert (tr.medium(0), tr.medium(1), tr.medium(9)) == (StorageMedium.GPU, StorageMedium.CPU_PINNED,
+                                                          StorageMedium.UNSPECIFIED)
