@@ -27,7 +27,7 @@ def vllm(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     session.install("ruff>=0.6")
-    session.run("ruff", "check", "openengine_adapters", "tests", "tools", "bench", "noxfile.py")
+    session.run("ruff", "check", "openengine_adapters", "conformance", "tests", "tools", "bench", "noxfile.py")
 
 
 @nox.session

@@ -401,14 +401,19 @@ class FakeBackend(be.EngineBackend):
                     row.append(be.CandidateScore(be.DenseTensor((len(labels),), lps)))
                 else:
                     v = self._normalized(self._vector(ids))
-                    row.append(be.CandidateScore(be.DenseTensor((1,), [sum(a * b for a, b in zip(q, v, strict=True))])))
+                    cos = sum(a * b for a, b in zip(q, v, strict=True))
+                    # SOFTMAX normalizes across the returned vector: of one score, that is 1.0
+                    value = 1.0 if p.normalization == ScoreNormalization.SOFTMAX else cos
+                    row.append(be.CandidateScore(be.DenseTensor((1,), [value])))
             groups.append(row)
         if labels:
             softmax = p.normalization == ScoreNormalization.SOFTMAX
             sem = ValueSemantics.PROBABILITIES if softmax else ValueSemantics.LOG_PROBABILITIES
             norm = ScoreNormalization.SOFTMAX if softmax else ScoreNormalization.NONE
         else:
-            sem, norm = ValueSemantics.SIMILARITY, ScoreNormalization.NONE
+            softmax = p.normalization == ScoreNormalization.SOFTMAX
+            sem = ValueSemantics.PROBABILITIES if softmax else ValueSemantics.SIMILARITY
+            norm = ScoreNormalization.SOFTMAX if softmax else ScoreNormalization.NONE
         return be.ScoreResult(groups, Granularity.SEQUENCE, sem, norm, higher_is_better=True,
                               label_token_ids=labels, usage=be.TaskUsageData(total))
 

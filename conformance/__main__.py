@@ -1,0 +1,64 @@
+"""``python -m conformance --target HOST:PORT [--model NAME] [--destructive] [--json FILE] [--only PATTERN]``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from conformance.runner import run_suite_async
+
+
+def parse_metadata(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--long-request-metadata wants KEY=VALUE, got {item!r}")
+        out[key] = value
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m conformance", description=__doc__)
+    p.add_argument("--target", help="HOST:PORT of the OpenEngine gRPC server")
+    p.add_argument("--model", default=None, help="model to test (default: the first supported model)")
+    p.add_argument("--destructive", action="store_true",
+                   help="also run checks that change server state (Abort(all_requests), Drain)")
+    p.add_argument("--json", metavar="FILE", help="write the machine-readable report here")
+    p.add_argument("--only", metavar="PATTERN", help="comma-separated globs or substrings of check names")
+    p.add_argument("--expect-admission-limit", type=int, metavar="N", default=None,
+                   help="the target admits N requests at once: N+1 long streams must give RESOURCE_EXHAUSTED")
+    p.add_argument("--long-request-metadata", action="append", default=[], metavar="KEY=VALUE",
+                   help="metadata attached to requests that must stay running (e.g. to slow a test engine)")
+    p.add_argument("--timeout", type=float, default=60.0, help="per-call timeout in seconds (default 60)")
+    p.add_argument("--list", action="store_true", help="list the checks and exit")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the summary line and failures")
+    args = p.parse_args(argv)
+
+    if args.list:
+        from conformance.registry import all_checks
+
+        for c in all_checks():
+            print(f"{c.name:45} {'[destructive] ' if c.destructive else ''}{c.requires}")
+        return 0
+    if not args.target:
+        p.error("--target is required")
+
+    report = asyncio.run(run_suite_async(
+        args.target, args.model, args.destructive, only=args.only,
+        expect_admission_limit=args.expect_admission_limit,
+        long_metadata=parse_metadata(args.long_request_metadata), check_timeout_s=args.timeout))
+    if args.quiet:
+        for r in report.failures():
+            print(f"FAIL {r.name}: {r.reason}")
+        print(f"{report.passed} passed, {report.failed} failed, {report.skipped} skipped")
+    else:
+        print(report.table())
+    if args.json:
+        report.write_json(args.json)
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

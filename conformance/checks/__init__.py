@@ -1,0 +1,14 @@
+"""One module per domain; importing this package registers every check."""
+
+from conformance.checks import (  # noqa: F401
+    generate,
+    guided,
+    identity,
+    kv,
+    lifecycle,
+    lora,
+    model_info,
+    runtime,
+    sampling,
+    tasks,
+)

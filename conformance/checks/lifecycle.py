@@ -1,0 +1,198 @@
+"""Health, GetLoad, Abort, client cancellation, admission limit and Drain."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from conformance.context import G
+from conformance.registry import CheckFailed, Skip, check, expect
+from openengine_adapters.v1 import lifecycle_pb2 as L
+from openengine_adapters.v1 import observability_pb2
+
+C = grpc.StatusCode
+SERVING = (L.HEALTH_STATE_READY, L.HEALTH_STATE_DEGRADED)
+
+
+@check("lifecycle.health", "always")
+async def health(ctx):
+    """Health without probe: READY or DEGRADED, and no inference_probe check."""
+    h = await ctx.stub.Health(L.HealthRequest(), timeout=30)
+    expect(h.state in SERVING, f"state {L.HealthState.Name(h.state)}")
+    for c in h.checks:
+        expect(c.name, "a HealthCheck has no name")
+        expect(c.state != L.HEALTH_STATE_UNSPECIFIED, f"check {c.name} state UNSPECIFIED")
+    expect("inference_probe" not in [c.name for c in h.checks], "inference_probe reported although not asked")
+
+
+@check("lifecycle.health_probe", "always")
+async def health_probe(ctx):
+    """Health with include_inference_probe: READY or DEGRADED with an inference_probe check."""
+    h = await ctx.stub.Health(L.HealthRequest(include_inference_probe=True, model=ctx.model), timeout=60)
+    expect(h.state in SERVING, f"state {L.HealthState.Name(h.state)}: {[(c.name, c.message) for c in h.checks]}")
+    probe = [c for c in h.checks if c.name == "inference_probe"]
+    expect(probe, f"no inference_probe check among {[c.name for c in h.checks]}")
+    expect(probe[0].state in SERVING, f"inference_probe state {L.HealthState.Name(probe[0].state)}")
+
+
+@check("lifecycle.get_load", "always")
+async def get_load(ctx):
+    """GetLoad answers; used_kv_blocks <= total_kv_blocks; per-rank entries when asked are consistent."""
+    load = await ctx.stub.GetLoad(observability_pb2.GetLoadRequest(include_per_rank=True), timeout=30)
+    if load.HasField("used_kv_blocks") and load.HasField("total_kv_blocks"):
+        expect(load.used_kv_blocks <= load.total_kv_blocks, "used_kv_blocks > total_kv_blocks")
+    for r in load.ranks:
+        if r.HasField("used_kv_blocks") and r.HasField("total_kv_blocks"):
+            expect(r.used_kv_blocks <= r.total_kv_blocks, "rank used_kv_blocks > total_kv_blocks")
+    if ctx.engine_info.instance_id and load.instance_id:
+        expect(load.instance_id == ctx.engine_info.instance_id,
+               f"LoadInfo.instance_id {load.instance_id!r} != EngineInfo.instance_id {ctx.engine_info.instance_id!r}")
+
+
+@check("lifecycle.abort_unknown_not_found", "always")
+async def abort_unknown(ctx):
+    """Abort of an unknown request id is NOT_FOUND (or UNIMPLEMENTED if abort is unsupported)."""
+    await ctx.rejected(ctx.stub.Abort(L.AbortRequest(request_id="conformance-no-such-request"), timeout=30),
+                       C.NOT_FOUND, C.UNIMPLEMENTED, what="Abort(unknown id)")
+
+
+@check("lifecycle.abort_no_target", "always")
+async def abort_no_target(ctx):
+    """Abort without a target is INVALID_ARGUMENT."""
+    await ctx.rejected(ctx.stub.Abort(L.AbortRequest(), timeout=30), C.INVALID_ARGUMENT, what="Abort()")
+
+
+async def _start_long(ctx, tag: str):
+    req = ctx.long_request(tag)
+    call = ctx.stub.Generate(req, timeout=ctx.options.check_timeout_s)
+    first = await call.read()
+    expect(first is not grpc.aio.EOF, "the long request ended without events")
+    if first.WhichOneof("event") in ("finished", "error"):
+        call.cancel()
+        raise Skip("the long request finished at once; pass --long-request-metadata to slow the engine")
+    return req, call, [first]
+
+
+async def _rest(call) -> list:
+    out = []
+    while (r := await call.read()) is not grpc.aio.EOF:
+        out.append(r)
+    return out
+
+
+def _check_cancelled(req, responses) -> None:
+    from conformance.context import check_stream
+
+    s = check_stream(req, responses)
+    if s.error is not None:
+        return  # one terminal EngineError is allowed instead of CANCELLED finishes
+    reasons = {i: f.reason for i, f in s.finished.items()}
+    expect(any(r == G.FINISH_REASON_CANCELLED for r in reasons.values()),
+           f"aborted stream ended without a CANCELLED finish: {reasons}")
+
+
+@check("lifecycle.abort_running", "role AGGREGATED")
+async def abort_running(ctx):
+    """Abort(request_id) of a running request is ABORTED; its stream ends with CANCELLED finishes (or one
+    EngineError); aborting again is ALREADY_FINISHED; running_requests returns to 0."""
+    ctx.require_generation()
+    req, call, got = await _start_long(ctx, "abort")
+    try:
+        resp = await ctx.stub.Abort(L.AbortRequest(request_id=req.request_id), timeout=30)
+        expect(resp.status == L.ABORT_STATUS_ABORTED,
+               f"Abort status {L.AbortStatus.Name(resp.status)}, expected ABORTED")
+        got += await asyncio.wait_for(_rest(call), ctx.options.check_timeout_s)
+    finally:
+        call.cancel()
+    _check_cancelled(req, got)
+    again = await ctx.stub.Abort(L.AbortRequest(request_id=req.request_id), timeout=30)
+    expect(again.status == L.ABORT_STATUS_ALREADY_FINISHED,
+           f"second Abort status {L.AbortStatus.Name(again.status)}, expected ALREADY_FINISHED")
+    await ctx.wait_idle("Abort")
+
+
+@check("lifecycle.client_cancel_releases", "role AGGREGATED")
+async def client_cancel(ctx):
+    """A client-cancelled stream is released: running_requests returns to 0 and its id can be reused."""
+    ctx.require_generation()
+    req, call, _ = await _start_long(ctx, "cancel")
+    call.cancel()
+    await ctx.wait_idle("client cancellation")
+    if await ctx.running_requests() is None:
+        await asyncio.sleep(0.5)
+    again = ctx.request("reuse", max_tokens=2)
+    again.request_id = req.request_id
+    try:
+        await ctx.run(again)
+    except CheckFailed as exc:
+        raise CheckFailed(f"the id of a cancelled request is still taken: {exc}") from None
+
+
+@check("lifecycle.admission_limit", "--expect-admission-limit N")
+async def admission_limit(ctx):
+    """With N admitted long streams open, one more is RESOURCE_EXHAUSTED before any event."""
+    n = ctx.options.expect_admission_limit
+    if n is None:
+        raise Skip("no --expect-admission-limit given")
+    ctx.require_generation()
+    calls = []
+    try:
+        for i in range(n):
+            _, call, _ = await _start_long(ctx, f"adm{i}")
+            calls.append(call)
+        exc = await ctx.gen_rejected(ctx.long_request("adm-over"), C.RESOURCE_EXHAUSTED,
+                                     what=f"request {n + 1} beyond the admission limit {n}")
+        del exc
+    finally:
+        for call in calls:
+            call.cancel()
+    await ctx.wait_idle("cancelling the admitted streams")
+
+
+@check("lifecycle.abort_all_requests", "always", destructive=True, order=1)
+async def abort_all(ctx):
+    """Abort(all_requests) ends a running request with CANCELLED (or one EngineError)."""
+    ctx.require_generation()
+    req, call, got = await _start_long(ctx, "abortall")
+    try:
+        resp = await ctx.stub.Abort(L.AbortRequest(all_requests=L.AllRequests()), timeout=30)
+        expect(resp.status in (L.ABORT_STATUS_ABORTED, L.ABORT_STATUS_ALREADY_FINISHED),
+               f"Abort(all) status {L.AbortStatus.Name(resp.status)}")
+        got += await asyncio.wait_for(_rest(call), ctx.options.check_timeout_s)
+    finally:
+        call.cancel()
+    _check_cancelled(req, got)
+    await ctx.wait_idle("Abort(all_requests)")
+
+
+@check("lifecycle.drain", "always", destructive=True, order=100)
+async def drain(ctx):
+    """Drain(stop_accepting): STARTED, IN_PROGRESS*, COMPLETE with counts present and 0 at the end; then
+    Health is not READY and new requests are refused before acceptance."""
+    events = []
+    call = ctx.stub.Drain(L.DrainRequest(stop_accepting_new_requests=True, deadline_ms=10_000,
+                                         abort_after_deadline=True), timeout=60)
+    async for r in call:
+        events.append(r)
+    expect(events, "Drain stream ended without events")
+    kinds = [r.WhichOneof("event") for r in events]
+    expect("error" not in kinds[:-1], "events after a drain EngineError")
+    if kinds[-1] == "error":
+        raise CheckFailed(f"drain failed: {events[-1].error}")
+    states = [r.state for r in events]
+    expect(states[0] == L.DRAIN_STATE_STARTED, f"first drain state {L.DrainState.Name(states[0])}, expected STARTED")
+    expect(states[-1] == L.DRAIN_STATE_COMPLETE, f"last drain state {L.DrainState.Name(states[-1])}")
+    expect(all(s == L.DRAIN_STATE_IN_PROGRESS for s in states[1:-1]),
+           f"drain states {[L.DrainState.Name(s) for s in states]}")
+    expect(len(states) >= 2, "drain stream has only one event")
+    last = events[-1]
+    expect(last.HasField("in_flight_requests"), "COMPLETE has no in_flight_requests count")
+    expect(last.in_flight_requests == 0, f"COMPLETE reports {last.in_flight_requests} in-flight requests")
+    if last.HasField("open_kv_sessions"):
+        expect(last.open_kv_sessions == 0, f"COMPLETE reports {last.open_kv_sessions} open KV sessions")
+    h = await ctx.stub.Health(L.HealthRequest(), timeout=30)
+    expect(h.state not in SERVING, f"Health is {L.HealthState.Name(h.state)} after a drain that stops accepting")
+    if ctx.role not in (2, 3):
+        codes = [c for c in C if c != C.OK]
+        await ctx.gen_rejected(ctx.request("afterdrain", max_tokens=2), *codes, what="Generate after Drain")

