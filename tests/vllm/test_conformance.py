@@ -3,51 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import re
-import sys
 from pathlib import Path
 
 import pytest
+from sidecar import drain_output, launch, stop
 
 from conformance import run_suite_async
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-ROOT = Path(__file__).resolve().parents[2]
 ADMISSION_LIMIT = 4
 
 # Checks that fail against vLLM because of a known bug in the adapter (name -> reason). Each one is
 # asserted to still fail, so a fix shows up as an unexpected pass.
 KNOWN_VLLM_BUGS: dict[str, str] = {}
-
-
-async def launch(*args):
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "openengine_adapters.vllm", "--host", "127.0.0.1", "--port", "0", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)})
-    lines = []
-    while True:
-        line = (await asyncio.wait_for(proc.stdout.readline(), 600)).decode()
-        lines.append(line)
-        assert line, "sidecar exited before it was ready:\n" + "".join(lines[-40:])
-        if m := re.search(r"ready on .*:(\d+)", line):
-            return proc, f"127.0.0.1:{m.group(1)}", lines
-
-
-async def stop(proc):
-    """SIGTERM first: a SIGKILLed sidecar would orphan its vLLM engine-core process."""
-    if proc.returncode is None:
-        proc.terminate()
-        try:
-            await asyncio.wait_for(proc.wait(), 60)
-        except TimeoutError:
-            proc.kill()
-
-
-async def drain_output(proc, sink: list[str]):
-    while line := await proc.stdout.readline():
-        sink.append(line.decode())
 
 
 async def test_conformance_suite_on_vllm(model_dir):

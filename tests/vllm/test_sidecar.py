@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import re
 import signal
-import sys
-from pathlib import Path
 
 import grpc
 import pytest
 from helpers import collect
+from sidecar import drain_output, launch, stop
 from stream_contract import check_generate_stream
 
 from openengine_adapters.client import OpenEngineClient
@@ -19,36 +16,6 @@ from openengine_adapters.v1 import generation_pb2 as g
 from openengine_adapters.v1 import lifecycle_pb2, openengine_pb2_grpc
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-ROOT = Path(__file__).resolve().parents[2]
-
-
-async def launch(*args, env=None):
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "openengine_adapters.vllm", "--host", "127.0.0.1", "--port", "0", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
-    lines = []
-    while True:
-        line = (await asyncio.wait_for(proc.stdout.readline(), 300)).decode()
-        lines.append(line)
-        assert line, "sidecar exited before it was ready:\n" + "".join(lines[-40:])
-        if m := re.search(r"ready on .*:(\d+)", line):
-            return proc, f"127.0.0.1:{m.group(1)}", lines
-
-
-async def stop(proc):
-    """SIGTERM first: a SIGKILLed sidecar would orphan its vLLM engine-core process."""
-    if proc.returncode is None:
-        proc.terminate()
-        try:
-            await asyncio.wait_for(proc.wait(), 60)
-        except TimeoutError:
-            proc.kill()
-
-
-async def drain_output(proc):
-    while await proc.stdout.readline():
-        pass
 
 
 async def test_demo_model_sidecar_serves_and_stops_on_sigterm(tmp_path):
