@@ -51,6 +51,11 @@ class Subscription(Generic[T]):
     def __len__(self) -> int:
         return len(self._queue)
 
+    def close(self) -> None:
+        """Leave the hub (idempotent); iteration also does this when it ends."""
+        self._hub._subscribers.discard(self)
+        self._queue.clear()
+
     async def __aiter__(self) -> AsyncIterator[T]:
         try:
             while True:
@@ -61,7 +66,7 @@ class Subscription(Generic[T]):
                 self._wakeup.clear()
                 await self._wakeup.wait()
         finally:
-            self._hub._subscribers.discard(self)
+            self.close()
 
 
 class EventHub(Generic[T]):

@@ -78,6 +78,17 @@ async def reject(context: grpc.aio.ServicerContext, r: RequestRejected):
     await context.abort(r.status, r.message, trailing_metadata=tuple(trailer))
 
 
+def routable_url(url: str, host: str) -> str:
+    """``tcp://*:5558`` -> ``tcp://HOST:5558``: a bind wildcard is never advertised."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    address, colon, port = rest.rpartition(":")
+    if colon and address in WILDCARD_HOSTS:
+        return f"{scheme}://{host}:{port}"
+    return url
+
+
 def _lora_message(info: LoraAdapterInfo) -> lora_pb2.LoraAdapter:
     return lora_pb2.LoraAdapter(lora_id=info.lora_id, lora_name=info.lora_name,
                                 source_path=info.source_path)
@@ -498,6 +509,7 @@ class OpenEngineService(openengine_pb2_grpc.OpenEngineServicer):
             msg.CopyFrom(discovery.kv_event_source(src))
             if msg.endpoint_addr.host in WILDCARD_HOSTS:
                 msg.endpoint_addr.host = self.options.advertise_host
+            msg.replay_endpoint = routable_url(msg.replay_endpoint, self.options.advertise_host)
         return resp
 
     async def _event_stream(self, request, context, feature: Feature, what: str,

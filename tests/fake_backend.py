@@ -442,7 +442,7 @@ class FakeBackend(be.EngineBackend):
         self.kv_hub.publish(batch)
 
     def kv_event_sources(self, ranks):
-        return [be.KvEventSourceInfo("zmq", be.KvEndpoint("*", 5557, "tcp"), "kv", "tcp://127.0.0.1:5558",
+        return [be.KvEventSourceInfo("zmq", be.KvEndpoint("*", 5557, "tcp"), "kv", "tcp://*:5558",
                                      r, "msgpack", 1, 100, 10000, 1000)
                 for r in range(self.data_parallel_size)]
 

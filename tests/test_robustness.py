@@ -145,3 +145,13 @@ async def test_label_only_scorer_refuses_native_scoring_before_acceptance(serve)
         resp = await h.stub.Score(scoring_pb2.ScoreRequest(context=ctx, groups=[group],
                                                            options=scoring_pb2.ScoreOptions(label_token_ids=[5])))
         assert list(resp.label_token_ids) == [5]
+
+
+def test_replay_endpoint_wildcards_are_replaced_with_the_advertised_host():
+    from openengine_adapters.service import routable_url
+
+    assert routable_url("tcp://*:5558", "10.0.0.7") == "tcp://10.0.0.7:5558"
+    assert routable_url("tcp://0.0.0.0:5558", "h") == "tcp://h:5558"
+    assert routable_url("tcp://node-3:5558", "h") == "tcp://node-3:5558"
+    assert routable_url("ipc:///tmp/kv", "h") == "ipc:///tmp/kv"
+    assert routable_url("", "h") == ""

@@ -229,7 +229,7 @@ class KvEventBridge:
         finally:
             await inner.aclose()
             # EventHub has no public unsubscribe: a subscription never iterated must still go
-            self.hub._subscribers.discard(sub)
+            sub.close()
 
     async def _subscribe(self, sub, wanted, snapshot: bool, start: int, now_seq: int):
         last = now_seq

@@ -91,6 +91,10 @@ class VllmBackend(be.EngineBackend):
                               ("score", Feature.SCORE)):
             if tasks is not None and getattr(tasks, name) is not None:
                 features.add(feature)
+        self._kv_publishers = self._kv_event_publishers()
+        self._kv_bridge = None
+        if self._kv_publishers:
+            features |= {Feature.KV_EVENTS, Feature.KV_EVENT_SOURCES}
         self.features = frozenset(features)
 
     @classmethod
@@ -220,9 +224,49 @@ class VllmBackend(be.EngineBackend):
     def _num_labels(self) -> int | None:
         return getattr(self.model_config.hf_config, "num_labels", None)
 
+    async def start(self) -> None:
+        if self._kv_publishers:
+            from openengine_adapters.kv_events import KvEventBridge
+
+            bridge = KvEventBridge(self._kv_publishers)
+            await bridge.start()
+            self._kv_bridge = bridge
+
     async def shutdown(self) -> None:
+        if self._kv_bridge is not None:
+            await self._kv_bridge.stop()
         if self.owns_engine:
             self.engine.shutdown()
+
+    # ------------------------------------------------------------------ KV events
+
+    def _kv_event_publishers(self) -> list:
+        """The engine's ZMQ KV-event publishers (one per DP rank), empty unless enabled with zmq."""
+        from openengine_adapters.kv_events.sources import PublisherConfig, offset_endpoint
+
+        cfg = getattr(self.config, "kv_events_config", None)
+        if cfg is None or not cfg.enable_kv_cache_events or cfg.publisher != "zmq":
+            return []
+        resolved = getattr(self.engine, "get_kv_event_sources", lambda: {})() or {}
+        if not resolved:  # an engine that does not report its resolved publishers
+            rank = self.config.parallel_config.data_parallel_rank
+            return [PublisherConfig(rank, offset_endpoint(cfg.endpoint, rank),
+                                    offset_endpoint(cfg.replay_endpoint, rank), cfg.topic or "",
+                                    cfg.buffer_steps, cfg.hwm, cfg.max_queue_size)]
+        return [PublisherConfig.from_config(rank, c) for rank, c in sorted(resolved.items())]
+
+    def kv_event_sources(self, ranks: Sequence[int]) -> list[be.KvEventSourceInfo]:
+        from vllm.utils.network_utils import get_ip
+
+        from openengine_adapters.kv_events.sources import source_info
+
+        host = get_ip()
+        return [source_info(p, host) for p in self._kv_publishers]
+
+    def kv_events(self, ranks: Sequence[int], include_snapshot: bool, start_sequence_number: int):
+        if self._kv_bridge is None:
+            raise EngineFailure(ErrorCode.INTERNAL, "the KV-event bridge is not running")
+        return self._kv_bridge.subscribe(ranks, include_snapshot, start_sequence_number)
 
     # ------------------------------------------------------------------ health and load
 
