@@ -8,7 +8,7 @@ import pytest
 
 from openengine_adapters import backend as be
 from openengine_adapters.errors import EngineFailure
-from openengine_adapters.types import CandidateMode, FinishReason, GuidedMode, Modality
+from openengine_adapters.types import CandidateMode, FinishReason, Modality
 from openengine_adapters.vllm import translate as t
 
 
@@ -42,18 +42,6 @@ def params(**kw) -> be.GenerateParams:
 ])
 def test_sampling_kwargs_pass_only_what_is_present(p, expected):
     assert t.sampling_kwargs(p, 20) == expected
-
-
-@pytest.mark.parametrize("guide,expected", [
-    (be.Guided(GuidedMode.JSON_SCHEMA, "{}"), {"json": "{}"}),
-    (be.Guided(GuidedMode.REGEX, "a+"), {"regex": "a+"}),
-    (be.Guided(GuidedMode.EBNF_GRAMMAR, "root ::= x"), {"grammar": "root ::= x"}),
-    (be.Guided(GuidedMode.STRUCTURAL_TAG, "{}"), {"structural_tag": "{}"}),
-    (be.Guided(GuidedMode.CHOICE, ("a", "b")), {"choice": ["a", "b"]}),
-    (be.Guided(GuidedMode.JSON_OBJECT, None), {"json_object": True}),
-])
-def test_structured_outputs(guide, expected):
-    assert t.structured_outputs_kwargs(guide) == expected
 
 
 def test_prompt_input():

@@ -18,7 +18,6 @@ import asyncio
 import inspect
 import json
 import logging
-import math
 import os
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
@@ -29,6 +28,8 @@ import grpc
 
 from openengine_adapters import backend as be
 from openengine_adapters.errors import EngineFailure, RequestRejected, invalid, not_found
+from openengine_adapters.guided import guide_kwargs
+from openengine_adapters.label_scores import label_score_result
 from openengine_adapters.trtllm import translate
 from openengine_adapters.trtllm.stats import KvEventBridge, StatsCollector
 from openengine_adapters.types import (
@@ -281,7 +282,7 @@ class TrtllmBackend(be.EngineBackend):
         if self.role == EngineRole.PREFILL:
             kw["max_tokens"] = 1
         if params.guided is not None:
-            kw["guided_decoding"] = GuidedDecodingParams(**translate.guided_kwargs(params.guided))
+            kw["guided_decoding"] = GuidedDecodingParams(**guide_kwargs(params.guided, choice_as_regex=True))
         try:
             return SamplingParams(**kw)
         except (ValueError, TypeError) as exc:
@@ -483,23 +484,7 @@ class TrtllmBackend(be.EngineBackend):
             for h in handles:
                 if not getattr(h, "finished", True):
                     _abort(h)
-        softmax = p.normalization == ScoreNormalization.SOFTMAX
-        groups, i = [], 0
-        for n in shape:
-            row = []
-            for _ in range(n):
-                values = results[i]
-                i += 1
-                if softmax:
-                    m = max(values)
-                    exps = [math.exp(v - m) for v in values]
-                    values = [e / sum(exps) for e in exps]
-                row.append(be.CandidateScore(be.DenseTensor((len(values),), values)))
-            groups.append(row)
-        return be.ScoreResult(groups, Granularity.SEQUENCE,
-                              ValueSemantics.PROBABILITIES if softmax else ValueSemantics.LOG_PROBABILITIES,
-                              ScoreNormalization.SOFTMAX if softmax else ScoreNormalization.NONE,
-                              label_token_ids=labels, usage=be.TaskUsageData(total))
+        return label_score_result(p, results, total)
 
 
 async def _iterate(handle):

@@ -19,10 +19,9 @@ from typing import Any
 
 from openengine_adapters import backend as be
 from openengine_adapters.errors import EngineFailure, RequestRejected, invalid
-from openengine_adapters.types import ErrorCode, FinishReason, GuidedMode, StorageMedium
+from openengine_adapters.types import ErrorCode, FinishReason, StorageMedium
 
 # Characters with a meaning in the regex dialects of xgrammar / llguidance (ECMAScript-like).
-_REGEX_SPECIAL = frozenset("\\^$.|?*+()[]{}/-")
 
 # The DisaggregatedParams fields a PREFILL engine hands to the DECODE engine, in KvSession.attributes.
 DISAGG_ATTRIBUTES = ("ctx_request_id", "first_gen_tokens", "opaque_state", "draft_tokens")
@@ -86,26 +85,6 @@ def sampling_kwargs(p: be.GenerateParams, prompt_len: int, max_context: int | No
     if lp.prompt:
         kw["prompt_logprobs"] = logprob_count(lp.prompt_candidates)
     return kw
-
-
-def choice_regex(choices: Sequence[str]) -> str:
-    """``choice`` lowered to an alternation of escaped literals (TensorRT-LLM has no choice guide)."""
-    return "(" + "|".join("".join("\\" + c if c in _REGEX_SPECIAL else c for c in ch) for ch in choices) + ")"
-
-
-def guided_kwargs(g: be.Guided) -> dict[str, Any]:
-    """``GuidedDecodingParams`` keyword arguments for one guide."""
-    if g.mode == GuidedMode.JSON_SCHEMA:
-        return {"json": g.value}
-    if g.mode == GuidedMode.REGEX:
-        return {"regex": g.value}
-    if g.mode == GuidedMode.EBNF_GRAMMAR:
-        return {"grammar": g.value}
-    if g.mode == GuidedMode.STRUCTURAL_TAG:
-        return {"structural_tag": g.value}
-    if g.mode == GuidedMode.CHOICE:
-        return {"regex": choice_regex(g.value)}
-    return {"json_object": True}
 
 
 def prompt_input(p: be.GenerateParams) -> str | dict[str, Any]:

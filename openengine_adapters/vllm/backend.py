@@ -17,6 +17,8 @@ import grpc
 
 from openengine_adapters import backend as be
 from openengine_adapters.errors import EngineFailure, RequestRejected, invalid
+from openengine_adapters.guided import guide_kwargs
+from openengine_adapters.label_scores import label_score_result
 from openengine_adapters.types import (
     CandidateMode,
     EmbeddingEncoding,
@@ -338,7 +340,7 @@ class VllmBackend(be.EngineBackend):
 
         kw = translate.sampling_kwargs(params, self.max_logprobs)
         if params.guided is not None:
-            kw["structured_outputs"] = StructuredOutputsParams(**translate.structured_outputs_kwargs(params.guided))
+            kw["structured_outputs"] = StructuredOutputsParams(**guide_kwargs(params.guided))
         from vllm.exceptions import VLLMClientError
 
         try:
@@ -601,24 +603,7 @@ class VllmBackend(be.EngineBackend):
                                                                                       strict=True)))
         finally:
             self._subrequests.pop(p.context.request_id, None)
-        softmax = p.normalization == ScoreNormalization.SOFTMAX
-        groups, k, total = [], 0, 0
-        for n in shape:
-            row = []
-            for _ in range(n):
-                values, used = results[k]
-                total += used
-                k += 1
-                if softmax:
-                    m = max(values)
-                    exps = [math.exp(v - m) for v in values]
-                    values = [e / sum(exps) for e in exps]
-                row.append(be.CandidateScore(be.DenseTensor((len(values),), values)))
-            groups.append(row)
-        sem = ValueSemantics.PROBABILITIES if softmax else ValueSemantics.LOG_PROBABILITIES
-        norm = ScoreNormalization.SOFTMAX if softmax else ScoreNormalization.NONE
-        return be.ScoreResult(groups, Granularity.SEQUENCE, sem, norm, label_token_ids=labels,
-                              usage=be.TaskUsageData(total))
+        return label_score_result(p, [values for values, _ in results], sum(used for _, used in results))
 
 
 async def _final(outputs):

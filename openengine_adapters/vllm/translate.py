@@ -12,7 +12,7 @@ from typing import Any
 
 from openengine_adapters import backend as be
 from openengine_adapters.errors import EngineFailure
-from openengine_adapters.types import CandidateMode, ErrorCode, FinishReason, GuidedMode
+from openengine_adapters.types import CandidateMode, ErrorCode, FinishReason
 
 # vLLM caps explicit logprob_token_ids (SamplingParams.MAX_LOGPROB_TOKEN_IDS).
 MAX_LOGPROB_TOKEN_IDS = 128
@@ -66,21 +66,6 @@ def sampling_kwargs(p: be.GenerateParams, max_logprobs: int) -> dict[str, Any]:
         # visible to logits processors and plugins; vLLM itself ignores unknown extra_args
         kw["extra_args"] = {"openengine_metadata": dict(p.metadata)}
     return kw
-
-
-def structured_outputs_kwargs(g: be.Guided) -> dict[str, Any]:
-    """StructuredOutputsParams keyword arguments for one guide."""
-    if g.mode == GuidedMode.JSON_SCHEMA:
-        return {"json": g.value}
-    if g.mode == GuidedMode.REGEX:
-        return {"regex": g.value}
-    if g.mode == GuidedMode.EBNF_GRAMMAR:
-        return {"grammar": g.value}
-    if g.mode == GuidedMode.STRUCTURAL_TAG:
-        return {"structural_tag": g.value}
-    if g.mode == GuidedMode.CHOICE:
-        return {"choice": list(g.value)}
-    return {"json_object": True}
 
 
 def prompt_input(p: be.GenerateParams, multi_modal_data: Mapping[str, Any] | None = None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from types import SimpleNamespace
 
 import fake_trtllm
@@ -11,7 +10,7 @@ import pytest
 from openengine_adapters import backend as be
 from openengine_adapters.errors import EngineFailure, RequestRejected
 from openengine_adapters.trtllm import translate as tr
-from openengine_adapters.types import CandidateMode, FinishReason, GuidedMode, StorageMedium
+from openengine_adapters.types import CandidateMode, FinishReason, StorageMedium
 
 
 def params(**kw) -> be.GenerateParams:
@@ -53,29 +52,6 @@ def test_max_tokens_rejected(stopping, prompt_len, ctx, fragment):
 ])
 def test_sampling_kwargs(p, expected):
     assert tr.sampling_kwargs(p, 2, 12) == expected
-
-
-@pytest.mark.parametrize("choices, matches, rejects", [
-    (("yes", "no"), ["yes", "no"], ["y", "yesno"]),
-    (("a.b", "c|d", "(x)", "1+1"), ["a.b", "c|d", "(x)", "1+1"], ["axb", "c", "x", "11"]),
-    (("a b", "-/"), ["a b", "-/"], ["ab"]),
-])
-def test_choice_regex(choices, matches, rejects):
-    rx = re.compile(tr.choice_regex(choices))
-    assert all(rx.fullmatch(m) for m in matches)
-    assert not any(rx.fullmatch(r) for r in rejects)
-
-
-@pytest.mark.parametrize("mode, value, expected", [
-    (GuidedMode.JSON_SCHEMA, "{}", {"json": "{}"}),
-    (GuidedMode.REGEX, "a", {"regex": "a"}),
-    (GuidedMode.EBNF_GRAMMAR, "g", {"grammar": "g"}),
-    (GuidedMode.STRUCTURAL_TAG, "{}", {"structural_tag": "{}"}),
-    (GuidedMode.CHOICE, ("a", "b"), {"regex": "(a|b)"}),
-    (GuidedMode.JSON_OBJECT, None, {"json_object": True}),
-])
-def test_guided_kwargs(mode, value, expected):
-    assert tr.guided_kwargs(be.Guided(mode, value)) == expected
 
 
 @pytest.mark.parametrize("reason, stop_reason, expected", [

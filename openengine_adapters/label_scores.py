@@ -1,0 +1,38 @@
+"""Label-token scoring results: per (query, candidate) pair, the next-token log-probabilities of
+the requested label tokens, optionally softmaxed across the labels (SCORE_NORMALIZATION_SOFTMAX).
+Shared by the adapters of causal engines, which differ only in how they obtain the values."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from openengine_adapters import backend as be
+from openengine_adapters.types import Granularity, ScoreNormalization, ValueSemantics
+
+
+def softmax(values: Sequence[float]) -> list[float]:
+    m = max(values)
+    exps = [math.exp(v - m) for v in values]
+    total = sum(exps)
+    return [e / total for e in exps]
+
+
+def label_score_result(p: be.ScoreParams, per_pair: Sequence[Sequence[float]], input_tokens: int
+                       ) -> be.ScoreResult:
+    """``per_pair`` holds one list of label log-probabilities per candidate, groups flattened in
+    request order."""
+    norm = ScoreNormalization.SOFTMAX if p.normalization == ScoreNormalization.SOFTMAX else ScoreNormalization.NONE
+    pairs = iter(per_pair)
+    groups = []
+    for group in p.groups:
+        row = []
+        for _ in group.candidates:
+            values = list(next(pairs))
+            if norm == ScoreNormalization.SOFTMAX:
+                values = softmax(values)
+            row.append(be.CandidateScore(be.DenseTensor((len(values),), values)))
+        groups.append(row)
+    semantics = ValueSemantics.PROBABILITIES if norm == ScoreNormalization.SOFTMAX else ValueSemantics.LOG_PROBABILITIES
+    return be.ScoreResult(groups, Granularity.SEQUENCE, semantics, norm, label_token_ids=p.label_token_ids,
+                          usage=be.TaskUsageData(input_tokens))
