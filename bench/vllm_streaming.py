@@ -117,6 +117,7 @@ def _vllm_parser():
 # --------------------------------------------------------------------------- servers
 
 async def start_server(argv: list[str], ready: str, env: dict | None = None):
+    """Start a server child process; return (process, output reader, the ready line's match)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
@@ -126,14 +127,14 @@ async def start_server(argv: list[str], ready: str, env: dict | None = None):
         if not line:
             raise RuntimeError("server exited:\n" + "".join(tail[-30:]))
         tail.append(line)
-        if re.search(ready, line):
+        if match := re.search(ready, line):
             break
 
     async def drain():
         while await proc.stdout.readline():
             pass
 
-    return proc, asyncio.ensure_future(drain())
+    return proc, asyncio.ensure_future(drain()), match
 
 
 async def stop_server(proc, reader) -> None:
@@ -151,10 +152,10 @@ async def bench_ours(model: str, levels: list[int], tokens: int) -> list[Result]
     from openengine_adapters.v1 import generation_pb2 as g
     from openengine_adapters.v1 import input_pb2, openengine_pb2_grpc
 
-    port = free_port()
-    proc, reader = await start_server(
+    proc, reader, ready = await start_server(  # port 0: the engine's own sockets may take a pre-picked port
         ["-m", "openengine_adapters.vllm", *engine_flags(model, max(levels)), "--host", "127.0.0.1",
-         "--port", str(port)], r"ready on")
+         "--port", "0"], r"ready on .*:(\d+)")
+    port = int(ready.group(1))
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     stub = openengine_pb2_grpc.OpenEngineStub(channel)
     request = g.GenerateRequest(token_ids=input_pb2.TokenIds(ids=PROMPT_IDS),
@@ -183,7 +184,7 @@ async def bench_vllm_grpc(model: str, levels: list[int], tokens: int) -> list[Re
     from smg_grpc_proto import vllm_engine_pb2_grpc
 
     port = free_port()
-    proc, reader = await start_server(
+    proc, reader, _ = await start_server(
         ["-m", "vllm.entrypoints.launchers.grpc_server", *engine_flags(model, max(levels)),
          "--host", "127.0.0.1", "--port", str(port)], r"(?i)(server started|listening|ready|serving)",
         env={"SMG_VLLM_SERVICER_WARMUP": "off"})
