@@ -52,6 +52,8 @@ from openengine_adapters.validation.tasks import parse_classify, parse_embed, pa
 
 log = logging.getLogger(__name__)
 
+ABORT_TIMEOUT_S = 10.0
+
 
 @dataclass(frozen=True)
 class ServiceOptions:
@@ -260,14 +262,20 @@ class OpenEngineService(openengine_pb2_grpc.OpenEngineServicer):
         self.admission.release()
 
     async def _end_request(self, entry: LiveRequest, chunks, engine_running: bool) -> None:
+        """Stop the engine work (if it still runs) and close the chunk stream; each step is bounded,
+        so a dead engine cannot hold the request's id and admission slot forever."""
+        steps = []
+        if engine_running and Feature.ABORT in self.backend.features:
+            steps.append(lambda: self.backend.abort([entry.request_id]))
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            steps.append(aclose)
         try:
-            if engine_running and Feature.ABORT in self.backend.features:
-                await self.backend.abort([entry.request_id])
-            aclose = getattr(chunks, "aclose", None)
-            if aclose is not None:
-                await aclose()
-        except Exception:
-            log.exception("cleanup of request %s failed", entry.request_id)
+            for step in steps:
+                try:
+                    await asyncio.wait_for(step(), ABORT_TIMEOUT_S)
+                except Exception:
+                    log.exception("cleanup of request %s failed", entry.request_id)
         finally:
             self.registry.complete(entry)
             self.admission.release()

@@ -155,3 +155,18 @@ def test_replay_endpoint_wildcards_are_replaced_with_the_advertised_host():
     assert routable_url("tcp://node-3:5558", "h") == "tcp://node-3:5558"
     assert routable_url("ipc:///tmp/kv", "h") == "ipc:///tmp/kv"
     assert routable_url("", "h") == ""
+
+
+async def test_a_hanging_engine_abort_does_not_hold_the_request_forever(oe, monkeypatch):
+    from openengine_adapters import service
+
+    monkeypatch.setattr(service, "ABORT_TIMEOUT_S", 0.2)
+
+    async def hang(ids):
+        await asyncio.sleep(3600)
+
+    oe.fake.abort = hang
+    call = oe.stub.Generate(slow("hang1"))
+    await call.read()
+    call.cancel()
+    await settle(lambda: idle(oe), timeout=3)

@@ -11,11 +11,13 @@ exists and cannot reach it. The companion ``vllm.stat_logger_plugins`` entry (``
 runtime events from the engine's per-step scheduler stats.
 
 Environment: ``OPENENGINE_GRPC_PORT`` (required to start), ``OPENENGINE_GRPC_HOST`` (default
-0.0.0.0), ``OPENENGINE_ADVERTISE_HOST``, ``OPENENGINE_MAX_IN_FLIGHT``.
+0.0.0.0), ``OPENENGINE_ADVERTISE_HOST``, ``OPENENGINE_MAX_IN_FLIGHT``, ``OPENENGINE_DRAIN_GRACE_S``
+(default 30: on shutdown, how long gRPC requests may finish before they are aborted).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 PORT_ENV = "OPENENGINE_GRPC_PORT"
 HOST_ENV = "OPENENGINE_GRPC_HOST"
 MAX_IN_FLIGHT_ENV = "OPENENGINE_MAX_IN_FLIGHT"
+DRAIN_GRACE_ENV = "OPENENGINE_DRAIN_GRACE_S"
 
 
 def enabled() -> bool:
@@ -43,7 +46,22 @@ class OpenEnginePlugin:
         self.server = None
 
     def attach_router(self, app) -> None:
-        """OpenEngine is gRPC only: nothing is added to the HTTP app."""
+        """No HTTP routes (OpenEngine is gRPC only). The app's lifespan is wrapped so that the
+        server's shutdown also stops the gRPC server: drained while the engine still runs, and
+        every stream ends with its one terminal event once vLLM has stopped its engine."""
+        inner = app.router.lifespan_context
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app_):
+            async with inner(app_) as state:
+                try:
+                    yield state
+                finally:
+                    if self.server is not None:
+                        await self.server.stop(float(os.environ.get(DRAIN_GRACE_ENV, "30")))
+                        self.server = None
+
+        app.router.lifespan_context = lifespan
 
     async def init_state(self, engine_client, state, args) -> None:
         if engine_client is None or not enabled():

@@ -9,8 +9,9 @@ import socket
 import sys
 import urllib.request
 
+import grpc
 import pytest
-from helpers import collect
+from helpers import collect, read_rest
 from stream_contract import check_generate_stream
 
 from openengine_adapters.client import OpenEngineClient
@@ -64,10 +65,20 @@ async def test_vllm_serve_with_plugin_serves_both_protocols(model_dir):
             assert len(s.token_ids[0]) == 3
             load = await stub.GetLoad(obs.GetLoadRequest())
             assert load.total_kv_blocks > 0 and load.running_requests == 0
+            # SIGTERM to vllm serve: vLLM stops its engine first, so a gRPC stream in flight ends with
+            # one terminal event (its finish, or an EngineError) and gRPC OK, never a broken transport
+            long = g.GenerateRequest(prompt="The cat", stopping=g.StoppingOptions(max_tokens=200, ignore_eos=True))
+            call = stub.Generate(long)
+            first = await call.read()
+            proc.terminate()
+            check_generate_stream(long, [first, *await read_rest(call)])
+            assert await call.code() == grpc.StatusCode.OK
+        await asyncio.wait_for(proc.wait(), 60)
         reader.cancel()
     finally:
-        proc.terminate()
-        await asyncio.wait_for(proc.wait(), 60)
+        if proc.returncode is None:
+            proc.terminate()
+            await asyncio.wait_for(proc.wait(), 60)
 
 
 async def _drain(proc):
