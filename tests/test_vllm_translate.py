@@ -41,7 +41,7 @@ def params(**kw) -> be.GenerateParams:
     (params(metadata={"k": "v"}), {"n": 1, "max_tokens": None, "extra_args": {"openengine_metadata": {"k": "v"}}}),
 ])
 def test_sampling_kwargs_pass_only_what_is_present(p, expected):
-    assert t.sampling_kwargs(p, 20) == expected
+    assert t.sampling_kwargs(p) == expected
 
 
 def test_prompt_input():

@@ -19,6 +19,7 @@ from typing import Any
 
 from openengine_adapters import backend as be
 from openengine_adapters.errors import EngineFailure, RequestRejected, invalid
+from openengine_adapters.sampling import common_sampling_kwargs
 from openengine_adapters.types import ErrorCode, FinishReason, StorageMedium
 
 # Characters with a meaning in the regex dialects of xgrammar / llguidance (ECMAScript-like).
@@ -60,26 +61,13 @@ def logprob_count(sel: be.CandidateSelection | None) -> int:
 
 
 def sampling_kwargs(p: be.GenerateParams, prompt_len: int, max_context: int | None) -> dict[str, Any]:
-    """``SamplingParams`` keyword arguments for a validated request (presence, not truthiness)."""
-    s, st, lp = p.sampling, p.stopping, p.logprobs
-    kw: dict[str, Any] = {"n": s.num_sequences, "max_tokens": max_tokens(p, prompt_len, max_context)}
-    for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty",
-                 "repetition_penalty", "seed"):
-        value = getattr(s, name)
-        if value is not None:
-            kw[name] = value
-    if s.top_k is not None:
-        kw["top_k"] = max(s.top_k, 0)  # OpenEngine -1/0 = disabled; TensorRT-LLM 0 = all tokens
-    if st.min_tokens is not None:
-        kw["min_tokens"] = st.min_tokens
-    if st.stop_texts:
-        kw["stop"] = list(st.stop_texts)
-    if st.stop_token_ids:
-        kw["stop_token_ids"] = list(st.stop_token_ids)
-    if st.ignore_eos is not None:
-        kw["ignore_eos"] = st.ignore_eos
-    if st.include_stop_in_output is not None:
-        kw["include_stop_str_in_output"] = st.include_stop_in_output
+    """``SamplingParams`` keyword arguments for a validated request: the shared options, with
+    ``max_tokens`` always explicit, top_k -1 mapped to 0 and top-k logprob counts."""
+    lp = p.logprobs
+    kw = common_sampling_kwargs(p)
+    kw["max_tokens"] = max_tokens(p, prompt_len, max_context)
+    if p.sampling.top_k is not None:
+        kw["top_k"] = max(p.sampling.top_k, 0)  # OpenEngine -1/0 = disabled; TensorRT-LLM 0 = all tokens
     if lp.output:
         kw["logprobs"] = logprob_count(lp.output_candidates)
     if lp.prompt:

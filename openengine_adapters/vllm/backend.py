@@ -338,7 +338,7 @@ class VllmBackend(be.EngineBackend):
     def _sampling_params(self, params: be.GenerateParams):
         from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
-        kw = translate.sampling_kwargs(params, self.max_logprobs)
+        kw = translate.sampling_kwargs(params)
         if params.guided is not None:
             kw["structured_outputs"] = StructuredOutputsParams(**guide_kwargs(params.guided))
         from vllm.exceptions import VLLMClientError

@@ -12,36 +12,20 @@ from typing import Any
 
 from openengine_adapters import backend as be
 from openengine_adapters.errors import EngineFailure
+from openengine_adapters.sampling import common_sampling_kwargs
 from openengine_adapters.types import CandidateMode, ErrorCode, FinishReason
 
 # vLLM caps explicit logprob_token_ids (SamplingParams.MAX_LOGPROB_TOKEN_IDS).
 MAX_LOGPROB_TOKEN_IDS = 128
 
 
-def sampling_kwargs(p: be.GenerateParams, max_logprobs: int) -> dict[str, Any]:
-    """SamplingParams keyword arguments for a validated request.
-
-    Only options the client set are passed (presence, not truthiness), so absent options keep
-    vLLM's defaults and an explicit 0 / False reaches the engine as such. An absent max_tokens
-    lets vLLM generate up to the context length.
-    """
-    s, st, lp = p.sampling, p.stopping, p.logprobs
-    kw: dict[str, Any] = {"n": s.num_sequences, "max_tokens": st.max_tokens}
-    for name in ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
-                 "repetition_penalty", "seed"):
-        value = getattr(s, name)
-        if value is not None:
-            kw[name] = value
-    if st.min_tokens is not None:
-        kw["min_tokens"] = st.min_tokens
-    if st.stop_texts:
-        kw["stop"] = list(st.stop_texts)
-    if st.stop_token_ids:
-        kw["stop_token_ids"] = list(st.stop_token_ids)
-    if st.ignore_eos is not None:
-        kw["ignore_eos"] = st.ignore_eos
-    if st.include_stop_in_output is not None:
-        kw["include_stop_str_in_output"] = st.include_stop_in_output
+def sampling_kwargs(p: be.GenerateParams) -> dict[str, Any]:
+    """SamplingParams keyword arguments for a validated request: the shared options, plus an
+    explicit ``max_tokens`` (absent: None, so vLLM generates up to the context length), logprob
+    selections, prefix-cache bypass and metadata."""
+    lp = p.logprobs
+    kw = common_sampling_kwargs(p)
+    kw["max_tokens"] = p.stopping.max_tokens
     if lp.output:
         sel = lp.output_candidates
         if sel is None:
