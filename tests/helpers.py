@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import grpc
 
 from openengine_adapters.errors import ERROR_TRAILER
-from openengine_adapters.v1 import error_pb2, generation_pb2
+from openengine_adapters.server import OpenEngineServer, ServerConfig
+from openengine_adapters.v1 import error_pb2, generation_pb2, openengine_pb2_grpc
 
 
 def gen_request(prompt: str = "hi", **kw) -> generation_pb2.GenerateRequest:
@@ -47,3 +50,27 @@ async def read_rest(call) -> list:
     while (r := await call.read()) is not grpc.aio.EOF:
         out.append(r)
     return out
+
+
+class Harness:
+    def __init__(self, server: OpenEngineServer, channel: grpc.aio.Channel, fake):
+        self.server = server
+        self.service = server.service
+        self.channel = channel
+        self.stub = openengine_pb2_grpc.OpenEngineStub(channel)
+        self.fake = fake
+        self.target = f"127.0.0.1:{server.port}"
+
+
+@contextlib.asynccontextmanager
+async def serve_backend(backend, config: dict | None = None, harness=None):
+    """An OpenEngine server on loopback around ``backend``; yields ``harness(server, channel, backend)``."""
+    cfg = ServerConfig(host="127.0.0.1", port=0, advertise_host="127.0.0.1",
+                       drain_grace_s=1.0, **(config or {}))
+    server = await OpenEngineServer(backend, cfg).start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+    try:
+        yield (harness or Harness)(server, channel, backend)
+    finally:
+        await channel.close()
+        await server.stop(0.5)

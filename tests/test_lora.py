@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import grpc
 import pytest
-from conftest import Harness
 from fake_backend import GREEDY_TEXT, FakeBackend, default_card
-from helpers import collect, expect_status, gen_request, rejection
+from helpers import collect, expect_status, gen_request, rejection, serve_backend
 from stream_contract import check_generate_stream
 
 from openengine_adapters.backend import LoraAdapterInfo
-from openengine_adapters.server import OpenEngineServer, ServerConfig
 from openengine_adapters.v1 import lora_pb2
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -148,13 +145,7 @@ async def test_list_loras_sorted_by_id(oe, tmp_path):
 async def test_adapters_loaded_before_start_are_listed(tmp_path):
     fake = FakeBackend()
     fake.loras["pre"] = LoraAdapterInfo(4, "pre", adapter_dir(tmp_path))
-    server = await OpenEngineServer(fake, ServerConfig(host="127.0.0.1", port=0,
-                                                       advertise_host="127.0.0.1")).start()
-    async with contextlib.AsyncExitStack() as stack:
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
-        stack.push_async_callback(server.stop, 0.5)
-        stack.push_async_callback(channel.close)
-        h = Harness(server, channel, fake)
+    async with serve_backend(fake) as h:
         assert [(i, n) for i, n, _ in await listed(h)] == [(4, "pre")]
         req = gen_request("hi", request_id="pre-gen", lora_name="pre")
         check_generate_stream(req, await collect(h.stub, req))

@@ -7,20 +7,17 @@ Spec sections: "Non-generative task API", "Embedding", "Classification", "Scorin
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 from dataclasses import replace
 from itertools import pairwise
 
 import grpc
 import pytest
-from conftest import Harness
 from fake_backend import EMBED_DIM, LABELS, FakeBackend, default_card, tokenize
-from helpers import expect_status, rejection
+from helpers import expect_status, rejection, serve_backend
 
 from openengine_adapters import backend as be
 from openengine_adapters.errors import EngineFailure
-from openengine_adapters.server import OpenEngineServer, ServerConfig
 from openengine_adapters.types import (
     EmbeddingEncoding,
     ErrorCode,
@@ -155,19 +152,6 @@ async def multi(serve):
     """One server with the default card ("tiny") and the custom cards above."""
     async with serve(None, cards=[default_card(), NARROW, WIDE, NO_TASKS, DISABLED, UNREPORTED]) as h:
         yield h
-
-
-@contextlib.asynccontextmanager
-async def serve_backend(backend: FakeBackend):
-    """conftest.serve_fake for a backend built by the test."""
-    cfg = ServerConfig(host="127.0.0.1", port=0, advertise_host="127.0.0.1", drain_grace_s=1.0)
-    server = await OpenEngineServer(backend, cfg).start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
-    try:
-        yield Harness(server, channel, backend)
-    finally:
-        await channel.close()
-        await server.stop(0.5)
 
 
 def norm(values) -> float:

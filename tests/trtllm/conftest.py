@@ -7,14 +7,13 @@ import sys
 import types
 from pathlib import Path
 
-import grpc
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 import fake_trtllm  # noqa: E402
+from helpers import serve_backend  # noqa: E402
 
-from openengine_adapters.server import OpenEngineServer, ServerConfig  # noqa: E402
 from openengine_adapters.v1 import openengine_pb2_grpc  # noqa: E402
 
 SUBMODULES = ("sampling_params", "disaggregated_params", "scheduling_params", "executor", "executor.request",
@@ -49,14 +48,8 @@ async def serve_trtllm(args: fake_trtllm.Args | None = None, **options):
     options.setdefault("poll_timeout_s", 0.02)
     options.setdefault("poll_interval_s", 0.005)
     backend = TrtllmBackend(llm, TrtllmOptions(**options), version=fake_trtllm.__version__)
-    cfg = ServerConfig(host="127.0.0.1", port=0, advertise_host="127.0.0.1", drain_grace_s=1.0)
-    server = await OpenEngineServer(backend, cfg).start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
-    try:
-        yield Harness(server, channel, llm, backend)
-    finally:
-        await channel.close()
-        await server.stop(0.5)
+    async with serve_backend(backend, harness=lambda server, channel, b: Harness(server, channel, llm, b)) as h:
+        yield h
 
 
 @pytest.fixture
