@@ -17,6 +17,10 @@ class EngineRole(IntEnum):
     DECODE = 3
 
 
+ROLE_BY_NAME = {"aggregated": EngineRole.AGGREGATED, "prefill": EngineRole.PREFILL,
+                "decode": EngineRole.DECODE}
+
+
 class CandidateMode(IntEnum):
     """openengine.v1.CandidateTokenSelectionMode."""
 

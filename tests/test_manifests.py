@@ -36,4 +36,4 @@ def test_manifest_shape(path):
 
 def test_readme_support_table_is_generated_from_manifests():
     assert load_tool().render() in (ROOT / "README.md").read_text(), \
-        "README support table is stale: run python tools/support_table.py and paste it"
+        "README support table is stale: run python tools/support_table.py --write"

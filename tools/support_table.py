@@ -34,5 +34,17 @@ def render() -> str:
     return "\n".join(lines)
 
 
+def write_readme(readme: pathlib.Path = pathlib.Path(__file__).resolve().parents[1] / "README.md") -> None:
+    """Replace the table between the markers in place."""
+    text = readme.read_text()
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    readme.write_text(text[:start] + render() + text[end:])
+
+
 if __name__ == "__main__":
-    print(render())
+    import sys
+
+    if "--write" in sys.argv:
+        write_readme()
+    else:
+        print(render())

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from openengine_adapters.types import EngineRole
+from openengine_adapters.types import ROLE_BY_NAME
 
-ROLES = {"aggregated": EngineRole.AGGREGATED, "prefill": EngineRole.PREFILL, "decode": EngineRole.DECODE}
+ROLES = ROLE_BY_NAME
 # nested LLM arguments given as dicts (YAML or flags) -> (module, class) built lazily
 CONFIG_CLASSES = {
     "kv_cache_config": (("tensorrt_llm.llmapi", "KvCacheConfig"),),

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from openengine_adapters.server import add_server_args, run, server_config_from_args
+from openengine_adapters.types import ROLE_BY_NAME
 from openengine_adapters.vllm.engine import prepare_environment
 
 DEMO_DIR = Path(os.environ.get("OPENENGINE_DEMO_MODEL_DIR",
@@ -30,6 +31,9 @@ def build_parser():
                     "Accepts vLLM's engine arguments unchanged.")
     AsyncEngineArgs.add_cli_args(parser)
     add_server_args(parser)
+    parser.add_argument("--role", choices=sorted(ROLE_BY_NAME), default=None,
+                        help="OpenEngine role; prefill/decode need --kv-transfer-config with a KV connector "
+                             "(default: prefill for kv_role kv_producer, decode for kv_consumer, else aggregated)")
     parser.set_defaults(model=None)
     return parser
 
@@ -52,7 +56,7 @@ def demo_defaults(ns: argparse.Namespace) -> None:
 async def serve(ns: argparse.Namespace) -> None:
     from openengine_adapters.vllm.engine import start_backend
 
-    backend = await start_backend(ns)
+    backend = await start_backend(ns, ROLE_BY_NAME[ns.role] if ns.role else None)
     await run(backend, server_config_from_args(ns))
 
 

@@ -33,7 +33,7 @@ from openengine_adapters.types import (
     TaskInputType,
     ValueSemantics,
 )
-from openengine_adapters.vllm import translate
+from openengine_adapters.vllm import disagg, translate
 from openengine_adapters.vllm.media import load_images
 from openengine_adapters.vllm.stats import StatsCollector
 
@@ -78,6 +78,10 @@ class VllmBackend(be.EngineBackend):
         self.served_model_names = tuple(served_model_names) or self._default_names()
         self._loras: dict[str, object] = {}
         self._subrequests: dict[str, list[str]] = {}  # task request id -> its engine request ids
+        self.connector = disagg.Connector.from_config(self.config.kv_transfer_config)
+        if problem := disagg.role_problem(role, self.config.kv_transfer_config):
+            raise ValueError(problem)
+        self.sessions = disagg.SessionTable()
         tokenizer = engine.tokenizer
         self.eos_token_id = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
         self._card = self._build_card()
@@ -128,6 +132,16 @@ class VllmBackend(be.EngineBackend):
     def models(self) -> list[be.ModelCard]:
         return [self._card]
 
+    def kv_connector(self) -> be.KvConnector | None:
+        if self.connector is None:
+            return None
+        version = None
+        if self.connector.name == "NixlConnector":
+            from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import NIXL_CONNECTOR_VERSION
+
+            version = NIXL_CONNECTOR_VERSION
+        return self.connector.info(self.role, version)
+
     @property
     def max_logprobs(self) -> int:
         return self.model_config.max_logprobs
@@ -150,7 +164,7 @@ class VllmBackend(be.EngineBackend):
                 prompt_logprobs=self._logprob_support(explicit_ids=False),
                 output_logprobs=self._logprob_support(explicit_ids=True),
                 guided_decoding=be.GuidedSupport(True, ALL_GUIDED),
-                max_num_sequences=sc.max_num_seqs,
+                max_num_sequences=sc.max_num_seqs if self.role != EngineRole.PREFILL else 1,
                 supports_priority=sc.policy == "priority",
                 supports_stop_in_output=True,
                 supports_cache_salt=prefix,
@@ -172,7 +186,7 @@ class VllmBackend(be.EngineBackend):
             generation=gen,
             supports_lora=self.config.lora_config is not None,
             supports_multimodal=bool(mc.is_multimodal_model),
-            tasks=self._task_support(),
+            tasks=self._task_support() if self.role == EngineRole.AGGREGATED else None,
         )
 
     def _task_support(self) -> be.TaskSupport | None:
@@ -309,6 +323,7 @@ class VllmBackend(be.EngineBackend):
             used_kv_blocks=used,
             total_kv_blocks=total,
             waiting_tokens=self.engine.get_num_queued_tokens(),
+            active_kv_sessions=self.open_kv_sessions(),
             ranks=tuple(per) if per_rank else (),
             attributes={"unfinished_requests": str(unfinished)},
         )
@@ -335,10 +350,15 @@ class VllmBackend(be.EngineBackend):
                 raise invalid(f"response.output_candidates.token_ids: at most "
                               f"{translate.MAX_LOGPROB_TOKEN_IDS} ids")
 
-    def _sampling_params(self, params: be.GenerateParams):
+    def _sampling_params(self, params: be.GenerateParams, kv_transfer_params: dict | None = None):
         from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
         kw = translate.sampling_kwargs(params)
+        if self.role == EngineRole.PREFILL:
+            kw["max_tokens"] = 1  # the prefill's one sampled token is recomputed by the decode side
+            kv_transfer_params = self.connector.prefill_extra_args()["kv_transfer_params"]
+        if kv_transfer_params is not None:
+            kw["extra_args"] = {**kw.get("extra_args", {}), "kv_transfer_params": kv_transfer_params}
         if params.guided is not None:
             kw["structured_outputs"] = StructuredOutputsParams(**guide_kwargs(params.guided))
         from vllm.exceptions import VLLMClientError
@@ -359,11 +379,41 @@ class VllmBackend(be.EngineBackend):
         return request
 
     async def generate(self, params: be.GenerateParams):
-        sp = self._sampling_params(params)
+        handoff = None
+        if params.kv_session is not None:  # a DECODE engine (the service checked the role)
+            handoff = self.connector.decode_handoff(params.kv_session)
+        sp = self._sampling_params(params, handoff.kv_transfer_params if handoff else None)
         images = await load_images(params.media) if params.media else None
         prompt = translate.prompt_input(params, {"image": images} if images else None)
+        if handoff is not None:
+            prompt = await self._render_decode_prompt(prompt, handoff)
+            if handoff.key is not None:
+                self.sessions.consume(handoff.key)
         try:
-            collector = await self.engine.add_request(
+            collector = await self._add_request(params, prompt, sp)
+        except BaseException:
+            if handoff is not None and handoff.key is not None:
+                self.sessions.unconsume(handoff.key)
+            raise
+        if handoff is not None:
+            self._transfer_event("decode_started", params)
+        return self._stream(params, collector, handoff)
+
+    async def _render_decode_prompt(self, prompt: dict, handoff: disagg.Handoff) -> dict:
+        """Tokenize as vLLM will, so the prompt can be checked against the session first."""
+        if "prompt_token_ids" in prompt and "multi_modal_data" not in prompt:
+            handoff.check_prompt(prompt["prompt_token_ids"])
+            return prompt
+        try:
+            (rendered,) = await self.engine.renderer.render_cmpl_async([prompt])
+        except Exception as exc:
+            raise _client_error(exc) from None
+        handoff.check_prompt(rendered["prompt_token_ids"])
+        return rendered
+
+    async def _add_request(self, params: be.GenerateParams, prompt, sp):
+        try:
+            return await self.engine.add_request(
                 params.request_id, prompt, sp,
                 lora_request=self._lora(params.lora_name),
                 priority=translate.engine_priority(params.priority),
@@ -382,10 +432,16 @@ class VllmBackend(be.EngineBackend):
                 raise _client_error(exc) from None
             raise RequestRejected(grpc.StatusCode.UNAVAILABLE, f"vLLM refused the request: {exc}",
                                   ErrorCode.INTERNAL) from None
-        return self._stream(params, collector)
 
-    async def _stream(self, params: be.GenerateParams, collector):
+    async def _stream(self, params: be.GenerateParams, collector, handoff: disagg.Handoff | None = None):
+        if self.role == EngineRole.PREFILL:
+            async for chunk in self._prefill_stream(params, collector):
+                yield chunk
+            return
         translator = translate.OutputTranslator(params, self.eos_token_id)
+        if handoff is not None:
+            translator.error_code = ErrorCode.KV_TRANSFER_FAILED
+            self.sessions.decoding += 1
         finished = False
         try:
             while not finished:
@@ -400,11 +456,74 @@ class VllmBackend(be.EngineBackend):
                     # an abort (ours or vLLM's own) ends the stream without a finish: the service
                     # reports CANCELLED for an Abort, its error for a drain, a failure otherwise
                     return
+                if handoff is not None and translator.first:
+                    failed = finished and any(c.finish_reason == "error" for c in out.outputs)
+                    self._transfer_event("decode_failed" if failed else "decode_loaded", params)
                 yield translator.chunk(out)
+        finally:
+            collector.close()
+            if handoff is not None:
+                self.sessions.decoding -= 1
+            if not finished:
+                await self.engine.abort(params.request_id)
+
+    async def _prefill_stream(self, params: be.GenerateParams, collector):
+        """A prefill ends with one chunk carrying the KV session (its sampled token is dropped)."""
+        finished = False
+        prompt_ids = None
+        try:
+            while not finished:
+                try:
+                    out = collector.get_nowait() or await collector.get()
+                except (asyncio.CancelledError, EngineFailure):
+                    raise
+                except Exception as exc:
+                    raise _engine_failure(exc) from None
+                finished = out.finished
+                prompt_ids = prompt_ids or out.prompt_token_ids
+                if finished:
+                    reasons = {c.finish_reason for c in out.outputs}
+                    if "abort" in reasons:
+                        return
+                    if reasons - {"length", "stop"}:
+                        raise EngineFailure(ErrorCode.INTERNAL, f"prefill finished with {sorted(reasons)}")
+                    try:
+                        session = self.connector.session(params.request_id, out.kv_transfer_params,
+                                                         prompt_ids or (), params.data_parallel_rank or 0)
+                    except ValueError as exc:
+                        raise EngineFailure(ErrorCode.KV_TRANSFER_FAILED, str(exc)) from None
+                    self.sessions.hand_off(session.session_id, self.connector.lease_s)
+                    self._transfer_event("prefill_ready", params, session)
+                    yield be.GenerationChunk(prompt_tokens=len(prompt_ids or ()),
+                                             cached_prompt_tokens=out.num_cached_tokens,
+                                             prefill_ready=session)
         finally:
             collector.close()
             if not finished:
                 await self.engine.abort(params.request_id)
+
+    def _transfer_event(self, phase: str, params: be.GenerateParams, session: be.KvSession | None = None):
+        if self.stats is None:
+            return
+        attrs = {"phase": phase, "request_id": params.request_id,
+                 "transfer_backend": self.connector.transfer_backend}
+        session = session or params.kv_session
+        if session is not None:
+            attrs["kv_session_id"] = session.session_id
+        self.stats.emit_transfer(attrs)
+
+    async def release_kv_session(self, session: be.KvSession) -> bool:
+        """Forget a handed-off session. vLLM offers no call that frees a finished request's
+        blocks: they return to the pool when the decode side has pulled them or the lease
+        (kv_lease_duration) runs out."""
+        return self.sessions.forget(session.session_id)
+
+    def open_kv_sessions(self) -> int | None:
+        if self.role == EngineRole.PREFILL:
+            return self.sessions.held()
+        if self.role == EngineRole.DECODE:
+            return self.sessions.decoding
+        return None
 
     async def abort(self, request_ids: Sequence[str]) -> None:
         ids = list(request_ids)
@@ -418,7 +537,21 @@ class VllmBackend(be.EngineBackend):
             task = "embed" if "embed" in self.supported_tasks else "classify"
             await self._pool([item], task, "openengine-health-probe")
             return
-        await super().probe(model, role)
+        if role == EngineRole.AGGREGATED:
+            await super().probe(model, role)
+            return
+        # PREFILL/DECODE: one local token, no handoff (a probe session would pin KV blocks
+        # for a whole lease); a vLLM engine with a KV connector serves plain requests too
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True,
+                            output_kind=RequestOutputKind.FINAL_ONLY)
+        produced = 0
+        async for out in self.engine.generate({"prompt_token_ids": [1]}, sp,
+                                              f"openengine-health-probe-{uuid.uuid4().hex}"):
+            produced += sum(len(c.token_ids) for c in out.outputs)
+        if not produced:
+            raise RuntimeError("probe produced no token")
 
     # ------------------------------------------------------------------ LoRA
 

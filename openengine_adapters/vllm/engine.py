@@ -18,14 +18,17 @@ def prepare_environment() -> None:
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 
-async def start_backend(ns_or_args, role: EngineRole = EngineRole.AGGREGATED):
-    """An ``AsyncLLM`` from parsed CLI flags (or ``AsyncEngineArgs``) wrapped in a VllmBackend."""
+async def start_backend(ns_or_args, role: EngineRole | None = None):
+    """An ``AsyncLLM`` from parsed CLI flags (or ``AsyncEngineArgs``) wrapped in a VllmBackend.
+
+    ``role`` None: PREFILL/DECODE when the KV connector's kv_role is producer/consumer."""
     prepare_environment()
     import vllm
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from openengine_adapters.vllm.backend import VllmBackend
+    from openengine_adapters.vllm.disagg import role_problem
     from openengine_adapters.vllm.stats import StatsCollector
 
     engine_args = (AsyncEngineArgs.from_cli_args(ns_or_args)
@@ -33,6 +36,12 @@ async def start_backend(ns_or_args, role: EngineRole = EngineRole.AGGREGATED):
     stats = StatsCollector()
     names = engine_args.served_model_name
     names = [names] if isinstance(names, str) else list(names or ())
+    if role is None:
+        from openengine_adapters.vllm.disagg import default_role
+
+        role = default_role(engine_args.kv_transfer_config)
+    elif problem := role_problem(role, engine_args.kv_transfer_config):
+        raise SystemExit(f"--role: {problem}")  # before minutes of engine start-up
     engine = AsyncLLM.from_engine_args(engine_args, stat_loggers=[stats.factory])
     try:
         # vLLM's model config keeps only the first served name; the rest are our aliases

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import os
 
-from openengine_adapters.types import EngineRole
+from openengine_adapters.types import ROLE_BY_NAME
 from openengine_adapters.vllm.stats import SHARED
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,7 @@ PORT_ENV = "OPENENGINE_GRPC_PORT"
 HOST_ENV = "OPENENGINE_GRPC_HOST"
 MAX_IN_FLIGHT_ENV = "OPENENGINE_MAX_IN_FLIGHT"
 DRAIN_GRACE_ENV = "OPENENGINE_DRAIN_GRACE_S"
+ROLE_ENV = "OPENENGINE_ROLE"  # aggregated | prefill | decode (default: from the KV connector's kv_role)
 
 
 def enabled() -> bool:
@@ -72,10 +73,13 @@ class OpenEnginePlugin:
 
         from openengine_adapters.server import OpenEngineServer, ServerConfig
         from openengine_adapters.vllm.backend import VllmBackend
+        from openengine_adapters.vllm.disagg import default_role
 
         names = args.served_model_name or [args.model]
+        role_name = os.environ.get(ROLE_ENV)
+        role = ROLE_BY_NAME[role_name] if role_name else default_role(engine_client.vllm_config.kv_transfer_config)
         backend = await VllmBackend.create(
-            engine_client, role=EngineRole.AGGREGATED, served_model_names=names, stats=SHARED,
+            engine_client, role=role, served_model_names=names, stats=SHARED,
             version=vllm.__version__, owns_engine=False)
         max_in_flight = os.environ.get(MAX_IN_FLIGHT_ENV)
         config = ServerConfig(host=os.environ.get(HOST_ENV, "0.0.0.0"), port=int(os.environ[PORT_ENV]),

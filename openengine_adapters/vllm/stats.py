@@ -79,6 +79,29 @@ class StatsCollector:
         if queue_changed:
             self._emit(RuntimeEventType.QUEUE, now, {**common, "waiting_requests": str(rank.waiting),
                                                      "running_requests": str(rank.running)})
+        if transfer := connector_totals(getattr(scheduler_stats, "kv_connector_stats", None)):
+            self._emit(RuntimeEventType.TRANSFER, now, {**common, "phase": "connector_stats", **transfer})
+
+    def emit_transfer(self, attributes: dict[str, str]) -> None:
+        """A KV handoff milestone of one request (prefill_ready, decode_started/loaded/failed)."""
+        if self.events.subscriber_count:
+            self._emit(RuntimeEventType.TRANSFER, time.time_ns(), attributes)
+
+
+def connector_totals(stats: dict | None) -> dict[str, str]:
+    """A step's KV-connector stats (NIXL: lists of per-transfer values) as event attributes."""
+    if not stats:
+        return {}
+    out = {}
+    if durations := stats.get("transfer_duration"):
+        out["transfers"] = str(len(durations))
+        out["transfer_seconds"] = f"{sum(durations):.6f}"
+    if sizes := stats.get("bytes_transferred"):
+        out["bytes_transferred"] = str(int(sum(sizes)))
+    for key in ("num_failed_transfers", "num_failed_handshakes", "num_kv_expired_reqs"):
+        if values := stats.get(key):
+            out[key.removeprefix("num_")] = str(len(values))
+    return out
 
 
 # The collector of a plugin-mode server (``vllm serve`` + openengine plugin), filled by the

@@ -136,17 +136,18 @@ class OutputTranslator:
     (whether prompt data was already taken) and copies nothing else.
     """
 
-    __slots__ = ("params", "eos_token_id", "_first")
+    __slots__ = ("params", "eos_token_id", "first", "error_code")
 
     def __init__(self, params: be.GenerateParams, eos_token_id: int | None) -> None:
         self.params = params
         self.eos_token_id = eos_token_id
-        self._first = True
+        self.first = True
+        self.error_code = ErrorCode.INTERNAL  # what an "error" finish means (a decode: KV transfer)
 
     def chunk(self, out) -> be.GenerationChunk:
         chunk = be.GenerationChunk()
-        if self._first:
-            self._first = False
+        if self.first:
+            self.first = False
             prompt_ids = out.prompt_token_ids or ()
             chunk.prompt_tokens = len(prompt_ids)
             if self.params.logprobs.prompt:
@@ -168,7 +169,8 @@ class OutputTranslator:
             reason, stop, message = finish(comp.finish_reason, comp.stop_reason, ids,
                                            self.eos_token_id)
             if comp.finish_reason is not None and reason is None:
-                raise EngineFailure(ErrorCode.INTERNAL, message)
+                raise EngineFailure(self.error_code if comp.finish_reason == "error" else ErrorCode.INTERNAL,
+                                    message)
             delta.finish_reason, delta.stop, delta.finish_message = reason, stop, message
             chunk.outputs.append(delta)
         return chunk

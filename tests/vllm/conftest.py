@@ -34,6 +34,34 @@ def model_dir(tmp_path_factory):
     return build_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama")
 
 
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    """transformers' view of the same model: tokenizer and float32 log-softmax per position."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+
+    class Ref:
+        tokenizer = tok
+
+        @staticmethod
+        def logprobs(ids):
+            with torch.no_grad():
+                logits = model(torch.tensor([ids])).logits[0].float()
+            return torch.log_softmax(logits, dim=-1)
+
+        @staticmethod
+        def greedy(ids, n):
+            ids = list(ids)
+            for _ in range(n):
+                ids.append(int(Ref.logprobs(ids)[-1].argmax()))
+            return ids[-n:]
+
+    return Ref
+
+
 def engine_args(model, **overrides):
     from vllm.engine.arg_utils import AsyncEngineArgs
 

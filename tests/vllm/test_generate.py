@@ -34,34 +34,6 @@ async def vllm(model_dir):
         yield s
 
 
-@pytest.fixture(scope="module")
-def reference(model_dir):
-    """transformers' view of the same model: tokenizer and float32 log-softmax per position."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
-
-    class Ref:
-        tokenizer = tok
-
-        @staticmethod
-        def logprobs(ids):
-            with torch.no_grad():
-                logits = model(torch.tensor([ids])).logits[0].float()
-            return torch.log_softmax(logits, dim=-1)
-
-        @staticmethod
-        def greedy(ids, n):
-            ids = list(ids)
-            for _ in range(n):
-                ids.append(int(Ref.logprobs(ids)[-1].argmax()))
-            return ids[-n:]
-
-    return Ref
-
-
 def ids_request(ids, **kw):
     return g.GenerateRequest(token_ids=input_pb2.TokenIds(ids=ids), **kw)
 
