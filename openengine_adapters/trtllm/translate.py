@@ -22,8 +22,6 @@ from openengine_adapters.errors import EngineFailure, RequestRejected, invalid
 from openengine_adapters.sampling import common_sampling_kwargs
 from openengine_adapters.types import ErrorCode, FinishReason, StorageMedium
 
-# Characters with a meaning in the regex dialects of xgrammar / llguidance (ECMAScript-like).
-
 # The DisaggregatedParams fields a PREFILL engine hands to the DECODE engine, in KvSession.attributes.
 DISAGG_ATTRIBUTES = ("ctx_request_id", "first_gen_tokens", "opaque_state", "draft_tokens")
 _MAX_SAFE_INT = 2**53

@@ -98,7 +98,7 @@ async def test_score_label_tokens(trt):
     resp = await trt.stub.Score(score_request([h_, h_ + 1]))
     assert list(resp.label_token_ids) == [h_, h_ + 1]
     vals = [list(c.scores.values) for c in resp.groups[0].candidates]
-    assert vals[0] == pytest.approx([-0.1, -0.35])
+    assert vals[0] == pytest.approx([fake_trtllm.logprob(1), fake_trtllm.logprob(2)])
     sp = trt.llm.submitted[-1]["sp"]
     assert sp.max_tokens == 1 and sp.logprobs == 20
     assert trt.llm.submitted[-2]["inputs"]["prompt_token_ids"] == [1, 97, 98, 104]
