@@ -15,7 +15,8 @@ depends on (see /work/shared/engines/trtllm.md and tensorrt_llm/executor/result.
   prompt_logprobs: entry i is the distribution after prompt position i (scores token i + 1), top k
   only (1.2.x adds no prompt token to the dict; here the prompt token happens to be the top one).
 - ``return_generation_logits``: ``CompletionOutput.generation_logits`` is a [tokens, VOCAB]
-  tensor of the raw logits at each generated position (a ``Tensor`` with torch's ``tolist``).
+  tensor of the raw logits at each generated position (a ``Tensor`` with torch's ``tolist``);
+  skipped (left None) with speculative decoding.
 - Guided decoding is enforced (``guided.py``): the output satisfies the constraint and ends with
   EOS (finish "stop") once it is complete; an invalid constraint fails the request's stream.
 - ``cached_tokens`` from a block-reuse prefix cache (4-token blocks, keyed by cache_salt).
@@ -157,6 +158,7 @@ class Args:
     lora_config: LoraConfig | None = None
     guided_decoding_backend: str | None = "xgrammar"
     cache_transceiver_config: CacheTransceiverConfig | None = None
+    speculative_config: Any = None
 
 
 @dataclass(slots=True)
@@ -282,7 +284,7 @@ class RequestOutput:
         out.token_ids.extend(new_ids)
         if self.sampling_params.logprobs is not None:
             out.logprobs.extend(new_lps)
-        if self.sampling_params.return_generation_logits:
+        if self.sampling_params.return_generation_logits and self._llm.args.speculative_config is None:
             out.generation_logits = Tensor([*(out.generation_logits or []), *map(logits_row, new_ids)])
         if reason is not None:
             out.finish_reason, out.stop_reason = reason, stop_reason
