@@ -31,7 +31,7 @@ from openengine_adapters.errors import EngineFailure, RequestRejected, invalid, 
 from openengine_adapters.guided import guide_kwargs
 from openengine_adapters.label_scores import label_logprobs, label_score_result
 from openengine_adapters.trtllm import translate
-from openengine_adapters.trtllm.stats import KvEventBridge, StatsCollector
+from openengine_adapters.trtllm.stats import KvEventTranslator, StatsCollector
 from openengine_adapters.types import (
     CandidateMode,
     EngineRole,
@@ -106,7 +106,7 @@ class TrtllmBackend(be.EngineBackend):
         params = inspect.signature(llm.generate_async).parameters
         self._accepts = frozenset(params)
         self.stats = StatsCollector()
-        self.kv = KvEventBridge(options.kv_replay_size)
+        self.kv = KvEventTranslator(range(self.tp if self.attention_dp else 1), options.kv_replay_size)
         self._live: dict[str, Any] = {}
         self._sessions: OrderedDict[str, Any] = OrderedDict()
         self._loras: dict[str, Any] = {}
@@ -193,6 +193,7 @@ class TrtllmBackend(be.EngineBackend):
             task.cancel()
         await asyncio.gather(*self._pollers, return_exceptions=True)
         self._pollers.clear()
+        await self.kv.bridge.stop()  # ends KV subscriptions with a retryable DRAINING error
         if self.owns_engine:
             await asyncio.to_thread(self.llm.shutdown)
 
@@ -251,7 +252,7 @@ class TrtllmBackend(be.EngineBackend):
         return self.stats.events.subscribe(lambda e: not wanted or e.type in wanted).__aiter__()
 
     def kv_events(self, ranks, include_snapshot, start_sequence_number):
-        return self.kv.subscribe(ranks, include_snapshot, start_sequence_number)
+        return self.kv.bridge.subscribe(ranks, include_snapshot, start_sequence_number)
 
     # ------------------------------------------------------------------ generation
 

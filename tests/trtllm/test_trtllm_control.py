@@ -240,6 +240,23 @@ async def test_kv_event_gap_synthesizes_clear(trt):
     call.cancel()
 
 
+async def test_kv_events_per_attention_dp_rank(serve):
+    """Each attention-DP rank has its own sequence numbers; a rank the engine does not have is refused."""
+    async with serve(fake_trtllm.Args(enable_attention_dp=True, tensor_parallel_size=2)) as h:
+        await asyncio.sleep(0.05)
+        call = h.stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest(data_parallel_ranks=[1]))
+        await asyncio.sleep(0.05)
+        for hash_ in (7, 8):
+            h.llm.emit_kv({"type": "stored", "parent_hash": None, "blocks": [
+                {"block_hash": hash_, "tokens": [{"token_id": 1}], "cache_level": 0}]}, rank=1)
+            await asyncio.sleep(0.05)
+        b1, b2 = await _batches(call, 2)
+        assert (b1.data_parallel_rank, b1.sequence_number, b2.sequence_number) == (1, 1, 2)
+        call.cancel()
+        await expect_status(h.stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest(data_parallel_ranks=[2])),
+                            grpc.StatusCode.INVALID_ARGUMENT, "data_parallel_ranks", "[0, 1]")
+
+
 def prefill_args():
     return fake_trtllm.Args(cache_transceiver_config=fake_trtllm.CacheTransceiverConfig("UCX"))
 
