@@ -8,6 +8,7 @@ import math
 from collections.abc import Sequence
 
 from openengine_adapters import backend as be
+from openengine_adapters.errors import invalid
 from openengine_adapters.types import Granularity, ScoreNormalization, ValueSemantics
 
 
@@ -16,6 +17,17 @@ def softmax(values: Sequence[float]) -> list[float]:
     exps = [math.exp(v - m) for v in values]
     total = sum(exps)
     return [e / total for e in exps]
+
+
+def label_logprobs(logits: Sequence[float], labels: Sequence[int]) -> list[float]:
+    """The log-probabilities of ``labels`` under one position's raw logits (log_softmax)."""
+    outside = [t for t in labels if not 0 <= t < len(logits)]
+    if outside:
+        raise invalid(f"options.label_token_ids: token {outside[0]} is outside the model's vocabulary "
+                      f"({len(logits)} logits)")
+    m = max(logits)
+    lse = m + math.log(math.fsum(math.exp(x - m) for x in logits))
+    return [logits[t] - lse for t in labels]
 
 
 def label_score_result(p: be.ScoreParams, per_pair: Sequence[Sequence[float]], input_tokens: int

@@ -13,6 +13,9 @@ engine's replay socket (DEALER ``[b"", start]`` -> ``[b"", topic, seq, payload]`
 state that may be stale: a gap is never skipped silently. An undecodable payload is healed the
 same way under its own number.
 
+Engines without a publisher (TensorRT-LLM's polled event queue) feed the same machinery through
+``KvEventBridge.polled(ranks)`` and ``publish``: typed batches, numbered here per rank from 1.
+
 ``subscribe`` delivers history then live with no gap and no duplicate: it joins the hub first,
 captures the ring / live set synchronously, replays (ring, and the engine's replay socket for
 what the ring no longer holds) and then drops live batches already delivered. With
@@ -82,13 +85,13 @@ def split_blocks(ev: BlockStored) -> list[BlockStored]:
 class _Rank:
     __slots__ = ("pub", "rank", "topic", "sub", "ring", "blocks", "last_seq", "address", "binds", "replay_address")
 
-    def __init__(self, pub: PublisherConfig, ring_size: int) -> None:
-        self.pub = pub
-        self.rank = pub.data_parallel_rank
-        self.topic = pub.topic.encode("utf-8")
-        self.binds = publisher_binds(pub.endpoint)
-        self.address = local_address(pub.endpoint) if self.binds else pub.endpoint
-        self.replay_address = local_address(pub.replay_endpoint) if pub.replay_endpoint else None
+    def __init__(self, rank: int, pub: PublisherConfig | None, ring_size: int) -> None:
+        self.pub = pub  # None: batches arrive through ``KvEventBridge.publish``
+        self.rank = rank
+        self.topic = pub.topic.encode("utf-8") if pub else b""
+        self.binds = publisher_binds(pub.endpoint) if pub else False
+        self.address = (local_address(pub.endpoint) if self.binds else pub.endpoint) if pub else None
+        self.replay_address = local_address(pub.replay_endpoint) if pub and pub.replay_endpoint else None
         self.sub: zmq.asyncio.Socket | None = None
         self.ring: deque[KvEventBatchData] = deque(maxlen=ring_size)
         self.blocks: dict[_BlockKey, BlockStored] = {}
@@ -103,7 +106,7 @@ class KvEventBridge:
         for pub in publishers:
             if pub.data_parallel_rank in self._ranks:
                 raise ValueError(f"two KV-event publishers for rank {pub.data_parallel_rank}")
-            self._ranks[pub.data_parallel_rank] = _Rank(pub, ring_size)
+            self._ranks[pub.data_parallel_rank] = _Rank(pub.data_parallel_rank, pub, ring_size)
         self.hub: EventHub[KvEventBatchData] = EventHub(subscriber_queue)
         self.stats = DecodeStats()
         self.counters: Counter[str] = Counter()
@@ -115,6 +118,20 @@ class KvEventBridge:
         self._tasks: list[asyncio.Task] = []
         self._failure: EngineFailure | None = None
         self._closed = False
+
+    @classmethod
+    def polled(cls, ranks: Iterable[int], *, ring_size: int = 1024, **kw) -> KvEventBridge:
+        """A bridge with no publisher socket (never ``start``ed): its owner reads the engine and
+        calls ``publish``; ``stop`` still ends the subscriptions."""
+        bridge = cls((), ring_size=ring_size, **kw)
+        for r in ranks:
+            bridge._ranks[r] = _Rank(r, None, ring_size)
+        return bridge
+
+    def publish(self, rank: int, events: Sequence[KvEventData]) -> None:
+        """One typed batch for ``rank``, numbered after the rank's last one (from 1)."""
+        st = self._ranks[rank]
+        self._apply(st, KvEventBatchData(max(st.last_seq, 0) + 1, time.time_ns(), rank, tuple(events)))
 
     @property
     def ranks(self) -> list[int]:
@@ -294,8 +311,8 @@ class KvEventBridge:
         wanted = sorted(set(ranks)) if ranks else sorted(self._ranks)
         unknown = [r for r in wanted if r not in self._ranks]
         if unknown:
-            raise invalid(f"data_parallel_ranks: no KV-event publisher for rank(s) {unknown}; "
-                          f"publishing ranks are {sorted(self._ranks)}")
+            raise invalid(f"data_parallel_ranks: no KV events for rank(s) {unknown}; "
+                          f"ranks with KV events are {sorted(self._ranks)}")
         return self._stream(wanted, include_snapshot, start_sequence_number)
 
     async def _stream(self, ranks: list[int], include_snapshot: bool, start: int) -> AsyncIterator[KvEventBatchData]:

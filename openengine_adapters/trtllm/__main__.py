@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--kv_event_buffer_size", type=int, default=1024,
                    help="engine KV event buffer (0 disables SubscribeKvEvents)")
     o.add_argument("--served_model_name", nargs="*", default=None)
-    o.add_argument("--max_logprobs", type=int, default=20, help="top-k cap for logprobs and score labels")
+    o.add_argument("--max_logprobs", type=int, default=20, help="top-k cap for prompt and output logprobs")
     o.add_argument("--max_num_sequences", type=int, default=None, help="cap on num_sequences (n)")
     add_server_args(p)
     return p

@@ -29,9 +29,9 @@ import grpc
 from openengine_adapters import backend as be
 from openengine_adapters.errors import EngineFailure, RequestRejected, invalid, not_found
 from openengine_adapters.guided import guide_kwargs
-from openengine_adapters.label_scores import label_score_result
+from openengine_adapters.label_scores import label_logprobs, label_score_result
 from openengine_adapters.trtllm import translate
-from openengine_adapters.trtllm.stats import KvEventBridge, StatsCollector
+from openengine_adapters.trtllm.stats import KvEventTranslator, StatsCollector
 from openengine_adapters.types import (
     CandidateMode,
     EngineRole,
@@ -58,7 +58,7 @@ class TrtllmOptions:
 
     served_model_names: tuple[str, ...] = ()
     role: EngineRole = EngineRole.AGGREGATED
-    max_top_n: int = 20                    # top-k logprobs cap (prompt and output); also score's k
+    max_top_n: int = 20                    # top-k logprobs cap (prompt and output)
     max_num_sequences: int | None = None   # n cap; default: the engine's max_batch_size
     max_context_length: int | None = None  # default: LLM args max_seq_len
     poll_timeout_s: float = 0.5            # timeout handed to get_stats_async / get_kv_cache_events_async
@@ -106,7 +106,7 @@ class TrtllmBackend(be.EngineBackend):
         params = inspect.signature(llm.generate_async).parameters
         self._accepts = frozenset(params)
         self.stats = StatsCollector()
-        self.kv = KvEventBridge(options.kv_replay_size)
+        self.kv = KvEventTranslator(range(self.tp if self.attention_dp else 1), options.kv_replay_size)
         self._live: dict[str, Any] = {}
         self._sessions: OrderedDict[str, Any] = OrderedDict()
         self._loras: dict[str, Any] = {}
@@ -166,7 +166,7 @@ class TrtllmBackend(be.EngineBackend):
                 semantics=(ValueSemantics.LOG_PROBABILITIES, ValueSemantics.PROBABILITIES),
                 normalizations=(ScoreNormalization.NONE, ScoreNormalization.SOFTMAX),
                 supports_label_token_scoring=True, supports_instruction=False, supports_priority=False,
-                supports_lora=self.lora_on, max_label_token_ids=self.options.max_top_n, native_scoring=False))
+                supports_lora=self.lora_on, native_scoring=False))
         kv = _get(self.args, "kv_cache_config")
         return be.ModelCard(
             model_id=str(_get(self.args, "model", default=names[0])),
@@ -193,6 +193,7 @@ class TrtllmBackend(be.EngineBackend):
             task.cancel()
         await asyncio.gather(*self._pollers, return_exceptions=True)
         self._pollers.clear()
+        await self.kv.bridge.stop()  # ends KV subscriptions with a retryable DRAINING error
         if self.owns_engine:
             await asyncio.to_thread(self.llm.shutdown)
 
@@ -251,7 +252,7 @@ class TrtllmBackend(be.EngineBackend):
         return self.stats.events.subscribe(lambda e: not wanted or e.type in wanted).__aiter__()
 
     def kv_events(self, ranks, include_snapshot, start_sequence_number):
-        return self.kv.subscribe(ranks, include_snapshot, start_sequence_number)
+        return self.kv.bridge.subscribe(ranks, include_snapshot, start_sequence_number)
 
     # ------------------------------------------------------------------ generation
 
@@ -439,18 +440,24 @@ class TrtllmBackend(be.EngineBackend):
         return list(self.tokenizer.encode(item.text, add_special_tokens=False))
 
     async def score(self, p: be.ScoreParams) -> be.ScoreResult:
-        """Label-token scoring: the next-token logprobs of the label tokens after query + candidate,
-        from one 1-token greedy generation per pair with top-k output logprobs (k = max_top_n).
-        TensorRT-LLM cannot score explicit tokens, so a label outside the top k is an error."""
+        """Label-token scoring: the log-probabilities of the label tokens as the next token after
+        query + candidate, exact for every label. One 1-token greedy generation per pair returns
+        the raw logits of that position (``return_generation_logits``), log-softmaxed here.
+
+        Not logprobs: in TensorRT-LLM 1.2.x both kinds are top-k only. Prompt logprobs come from
+        ``tensorrt_llm/executor/base_worker.py`` ``_compute_pytorch_prompt_logprobs``, which calls
+        ``compute_logprobs(k, None, context_logits, None, None)`` without the prompt tokens, so
+        ``executor/result.py`` ``_topk_logprobs`` adds no prompt token outside the top k (that
+        came with PR #11235, the 1.3 line); output logprobs add at most the sampled token.
+        """
         from tensorrt_llm import SamplingParams
 
         labels = list(p.label_token_ids)  # non-empty: the card declares native_scoring=False
-        k = self.options.max_top_n
         lora = self._loras.get(p.context.lora_name) if p.context.lora_name else None
         handles: list = []
 
         async def one(where: str, prompt_ids: list[int]) -> list[float]:
-            sp = SamplingParams(max_tokens=1, temperature=0.0, logprobs=k)
+            sp = SamplingParams(max_tokens=1, temperature=0.0, return_generation_logits=True)
             kw = {"lora_request": lora} if lora is not None else {}
             handle = self.llm.generate_async({"prompt_token_ids": prompt_ids}, sp, streaming=False, **kw)
             handles.append(handle)
@@ -458,16 +465,12 @@ class TrtllmBackend(be.EngineBackend):
             async for out in _iterate(handle):
                 last = out
             comp = last.outputs[0] if last is not None and last.outputs else None
-            if comp is None or comp.finish_reason == "cancelled" or not comp.logprobs:
-                raise EngineFailure(ErrorCode.INTERNAL, f"TensorRT-LLM returned no logprobs for {where}")
-            position = comp.logprobs[0]
-            values = []
-            for t in labels:
-                entry = position.get(t)
-                if entry is None:
-                    raise translate.logprob_error(t, k, where)
-                values.append(entry.logprob)
-            return values
+            logits = comp.generation_logits if comp is not None and comp.finish_reason != "cancelled" else None
+            if logits is None or len(logits) == 0:
+                raise EngineFailure(ErrorCode.INTERNAL, f"TensorRT-LLM returned no generation logits for {where} "
+                                    "(it skips them with speculative decoding)")
+            # a vocabulary-wide row: off the event loop, which streams other requests meanwhile
+            return await asyncio.to_thread(lambda: label_logprobs(logits[0].tolist(), labels))
 
         bos = getattr(self.tokenizer, "bos_token_id", None)
         jobs, shape, total = [], [], 0

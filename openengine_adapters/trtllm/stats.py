@@ -6,25 +6,28 @@ collectors here:
 
 - ``StatsCollector`` keeps the LAST iteration-stats snapshot (an idle engine emits nothing, so
   GetLoad answers from the cache) and publishes FORWARD_PASS / BATCH / QUEUE runtime events.
-- ``KvEventBridge`` republishes engine events as typed ``KvEventBatchData`` with its own
-  monotonic sequence numbers, keeps a bounded replay ring and the set of live blocks (for
-  snapshots), and synthesizes ``AllBlocksCleared`` when the engine (re)creates its cache or
-  event ids show a gap (events lost in the engine's bounded buffer).
+- ``KvEventTranslator`` turns engine events into typed batches on the shared
+  ``kv_events.KvEventBridge`` (per-rank sequence numbers, replay ring, snapshots, subscribers),
+  synthesizing ``AllBlocksCleared`` when the engine (re)creates its cache or event ids show a gap
+  (events lost in the engine's bounded buffer).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from openengine_adapters import backend as be
 from openengine_adapters.events import EventHub
+from openengine_adapters.kv_events.bridge import KvEventBridge
 from openengine_adapters.trtllm.translate import block_hash, medium
 from openengine_adapters.types import RuntimeEventType, StorageMedium
+
+log = logging.getLogger(__name__)
 
 
 def _int(d: Mapping[str, Any] | None, key: str) -> int | None:
@@ -108,44 +111,35 @@ class _Block:
     rank: int
 
 
-class KvEventBridge:
-    """Engine KV-cache event dicts -> sequenced typed batches, with replay and snapshots."""
+class KvEventTranslator:
+    """Engine KV-cache event dicts -> typed batches on the shared ``KvEventBridge`` (sequence
+    numbers, replay ring, live-block snapshots and subscribers live there)."""
 
-    def __init__(self, replay_size: int = 4096, hub_queue_size: int = 4096) -> None:
-        self.ring: deque[be.KvEventBatchData] = deque(maxlen=replay_size)
-        self.hub: EventHub[be.KvEventBatchData] = EventHub(hub_queue_size)
-        self.seq = 0
-        self.blocks: dict[int, _Block] = {}
+    def __init__(self, ranks: Iterable[int], replay_size: int = 4096, hub_queue_size: int = 4096) -> None:
+        self.bridge = KvEventBridge.polled(ranks, ring_size=replay_size, subscriber_queue=hub_queue_size)
+        self.blocks: dict[int, _Block] = {}  # what a "removed" / "updated" event refers to
         self.block_size = 0
         self._last_event_id: dict[int, int] = {}
-
-    # -- engine side -------------------------------------------------------------
-    def _publish(self, rank: int, events: Sequence[be.KvEventData], now: int) -> None:
-        if not events:
-            return
-        self.seq += 1
-        batch = be.KvEventBatchData(self.seq, now, rank, tuple(events))
-        self.ring.append(batch)
-        self.hub.publish(batch)
 
     def _cleared(self, rank: int) -> be.KvEventData:
         for h in [h for h, b in self.blocks.items() if b.rank == rank]:
             del self.blocks[h]
         return be.KvEventData(be.AllBlocksCleared())
 
-    def engine_restarted(self, ranks: Iterable[int] = (0,)) -> None:
+    def engine_restarted(self) -> None:
         """The engine (or the poller's view of it) started over: everything cached is gone."""
-        now = time.time_ns()
         self._last_event_id.clear()
-        for r in ranks:
-            self._publish(r, [self._cleared(r)], now)
+        for r in self.bridge.ranks:
+            self.bridge.publish(r, [self._cleared(r)])
 
     def ingest(self, raw: Iterable[Mapping[str, Any]]) -> None:
         """One poll's worth of engine events: one batch per DP rank, in engine order."""
-        now = time.time_ns()
         per_rank: dict[int, list[be.KvEventData]] = {}
         for ev in raw:
             rank = int(ev.get("attention_dp_rank") or 0)
+            if rank not in self.bridge.ranks:
+                log.warning("KV event for attention DP rank %d outside ranks %s: dropped", rank, self.bridge.ranks)
+                continue
             out = per_rank.setdefault(rank, [])
             eid = ev.get("event_id")
             if isinstance(eid, int):
@@ -158,7 +152,8 @@ class KvEventBridge:
                         and isinstance(out[-1].event, be.AllBlocksCleared)):
                     out.append(item)  # a restart is both a gap and "created": one clear
         for rank, events in per_rank.items():
-            self._publish(rank, events, now)
+            if events:
+                self.bridge.publish(rank, events)
 
     def _translate(self, data: Mapping[str, Any], rank: int) -> list[be.KvEventData]:
         kind = data.get("type")
@@ -204,45 +199,3 @@ class KvEventBridge:
                 lora: int) -> be.BlockStored:
         return be.BlockStored((block_hash(h),), block_hash(parent) if parent is not None else None,
                               tokens, len(tokens) or self.block_size, lora, "", m)
-
-    # -- subscriber side ---------------------------------------------------------
-    def snapshot(self, rank: int, seq: int) -> be.KvEventBatchData:
-        events = [be.KvEventData(be.AllBlocksCleared())]
-        events += [be.KvEventData(self._stored(h, b.parent, b.tokens, b.medium, b.lora_id))
-                   for h, b in self.blocks.items() if b.rank == rank]
-        return be.KvEventBatchData(seq, time.time_ns(), rank, tuple(events))
-
-    async def subscribe(self, ranks: Sequence[int], include_snapshot: bool,
-                        start_sequence_number: int) -> AsyncIterator[be.KvEventBatchData]:
-        """Snapshot (state as of the current sequence number, one batch per rank, carrying that
-        number), else a replay from ``start_sequence_number`` out of the ring, then live batches.
-        A start older than the ring can replay is answered with a snapshot instead."""
-        wanted = frozenset(ranks)
-        sub = self.hub.subscribe(lambda b: not wanted or b.data_parallel_rank in wanted)
-        now_seq = self.seq
-        oldest = self.ring[0].sequence_number if self.ring else now_seq + 1
-        gap = start_sequence_number > 0 and start_sequence_number < oldest and start_sequence_number <= now_seq
-        inner = self._subscribe(sub, wanted, include_snapshot or gap, start_sequence_number, now_seq)
-        try:
-            async for batch in inner:
-                yield batch
-        finally:
-            await inner.aclose()
-            # EventHub has no public unsubscribe: a subscription never iterated must still go
-            sub.close()
-
-    async def _subscribe(self, sub, wanted, snapshot: bool, start: int, now_seq: int):
-        last = now_seq
-        if snapshot:
-            known = {b.rank for b in self.blocks.values()} | {0}
-            for rank in sorted(known):
-                if not wanted or rank in wanted:
-                    yield self.snapshot(rank, now_seq)
-        elif start > 0:
-            for batch in list(self.ring):
-                if start <= batch.sequence_number <= now_seq and (not wanted or batch.data_parallel_rank in wanted):
-                    yield batch
-        async for batch in sub:
-            if batch.sequence_number > last and batch.sequence_number >= start:
-                last = batch.sequence_number
-                yield batch

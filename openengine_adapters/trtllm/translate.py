@@ -18,11 +18,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from openengine_adapters import backend as be
-from openengine_adapters.errors import EngineFailure, RequestRejected, invalid
+from openengine_adapters.errors import EngineFailure, invalid
 from openengine_adapters.sampling import common_sampling_kwargs
 from openengine_adapters.types import ErrorCode, FinishReason, StorageMedium
-
-# Characters with a meaning in the regex dialects of xgrammar / llguidance (ECMAScript-like).
 
 # The DisaggregatedParams fields a PREFILL engine hands to the DECODE engine, in KvSession.attributes.
 DISAGG_ATTRIBUTES = ("ctx_request_id", "first_gen_tokens", "opaque_state", "draft_tokens")
@@ -347,9 +345,3 @@ def block_hash(value: int) -> be.BlockHash:
 def medium(cache_level: Any) -> StorageMedium:
     """TensorRT-LLM cache levels: 0 = GPU (primary), 1 = host (secondary offload)."""
     return {0: StorageMedium.GPU, 1: StorageMedium.CPU_PINNED}.get(cache_level, StorageMedium.UNSPECIFIED)
-
-
-def logprob_error(label: int, k: int, where: str) -> RequestRejected:
-    return invalid(f"options.label_token_ids: token {label} is not among the top {k} next tokens "
-                   f"after {where}; TensorRT-LLM reports top-k logprobs only, so its score is unknown "
-                   f"(below the k-th logprob)")

@@ -93,19 +93,39 @@ def score_request(labels, norm=tasks_pb2.SCORE_NORMALIZATION_NONE, **opts):
         options=scoring_pb2.ScoreOptions(label_token_ids=labels, normalization=norm, **opts))
 
 
-async def test_score_label_tokens(trt):
-    h_ = ord("h")
-    resp = await trt.stub.Score(score_request([h_, h_ + 1]))
-    assert list(resp.label_token_ids) == [h_, h_ + 1]
-    vals = [list(c.scores.values) for c in resp.groups[0].candidates]
-    assert vals[0] == pytest.approx([-0.1, -0.35])
+def label_logprob(label: int, emitted: int) -> float:
+    """The fake model's next-token log-probability of ``label`` where it emits ``emitted``."""
+    return fake_trtllm.logprob((label - emitted) % fake_trtllm.VOCAB + 1)
+
+
+async def test_score_label_tokens_exact_for_any_label(trt):
+    """Scores come from the full next-token distribution: labels far outside any top k (EOS, 5)
+    get their exact log-probability, not a refusal."""
+    h_ = ord("h")  # the fake's first output token: its favourite next token after every pair
+    labels = [h_, h_ + 1, fake_trtllm.EOS, 5]
+    resp = await trt.stub.Score(score_request(labels))
+    assert list(resp.label_token_ids) == labels
+    assert resp.semantics == tasks_pb2.TASK_VALUE_SEMANTICS_LOG_PROBABILITIES
+    for c in resp.groups[0].candidates:
+        assert list(c.scores.values) == pytest.approx([label_logprob(t, h_) for t in labels])
     sp = trt.llm.submitted[-1]["sp"]
-    assert sp.max_tokens == 1 and sp.logprobs == 20
-    assert trt.llm.submitted[-2]["inputs"]["prompt_token_ids"] == [1, 97, 98, 104]
-    resp = await trt.stub.Score(score_request([h_, h_ + 1], tasks_pb2.SCORE_NORMALIZATION_SOFTMAX))
-    assert sum(resp.groups[0].candidates[0].scores.values) == pytest.approx(1.0)
-    await expect_status(trt.stub.Score(score_request([5])), grpc.StatusCode.INVALID_ARGUMENT, "top 20")
-    await expect_status(trt.stub.Score(score_request([h_], instruction="x")), grpc.StatusCode.INVALID_ARGUMENT)
+    assert sp.max_tokens == 1 and sp.temperature == 0.0 and sp.return_generation_logits and sp.logprobs is None
+    assert [s["inputs"]["prompt_token_ids"] for s in trt.llm.submitted[-2:]] == [[1, 97, 98, 104], [1, 97, 98, 99]]
+    resp = await trt.stub.Score(score_request(labels, tasks_pb2.SCORE_NORMALIZATION_SOFTMAX))
+    values = list(resp.groups[0].candidates[0].scores.values)
+    assert sum(values) == pytest.approx(1.0) and values[0] > values[1] > values[2]
+
+
+async def test_score_rejects_label_outside_vocabulary_and_instruction(trt):
+    await expect_status(trt.stub.Score(score_request([ord("h"), fake_trtllm.VOCAB])), grpc.StatusCode.INVALID_ARGUMENT,
+                        f"options.label_token_ids: token {fake_trtllm.VOCAB} is outside the model's vocabulary")
+    await expect_status(trt.stub.Score(score_request([ord("h")], instruction="x")), grpc.StatusCode.INVALID_ARGUMENT)
+
+
+async def test_score_without_generation_logits_is_an_engine_failure(serve):
+    async with serve(fake_trtllm.Args(speculative_config={"decoding_type": "MTP"})) as h:
+        await expect_status(h.stub.Score(score_request([ord("h")])), grpc.StatusCode.INTERNAL,
+                            "no generation logits for group 'g'", "speculative decoding")
 
 
 async def test_model_info_advertisement(trt):
@@ -218,6 +238,23 @@ async def test_kv_event_gap_synthesizes_clear(trt):
     (b,) = await _batches(call, 1)
     assert kinds(b) == ["all_blocks_cleared", "block_removed"]
     call.cancel()
+
+
+async def test_kv_events_per_attention_dp_rank(serve):
+    """Each attention-DP rank has its own sequence numbers; a rank the engine does not have is refused."""
+    async with serve(fake_trtllm.Args(enable_attention_dp=True, tensor_parallel_size=2)) as h:
+        await asyncio.sleep(0.05)
+        call = h.stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest(data_parallel_ranks=[1]))
+        await asyncio.sleep(0.05)
+        for hash_ in (7, 8):
+            h.llm.emit_kv({"type": "stored", "parent_hash": None, "blocks": [
+                {"block_hash": hash_, "tokens": [{"token_id": 1}], "cache_level": 0}]}, rank=1)
+            await asyncio.sleep(0.05)
+        b1, b2 = await _batches(call, 2)
+        assert (b1.data_parallel_rank, b1.sequence_number, b2.sequence_number) == (1, 1, 2)
+        call.cancel()
+        await expect_status(h.stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest(data_parallel_ranks=[2])),
+                            grpc.StatusCode.INVALID_ARGUMENT, "data_parallel_ranks", "[0, 1]")
 
 
 def prefill_args():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import fake_trtllm
 import grpc
@@ -107,7 +108,7 @@ async def test_output_logprobs_top_n(trt):
     s = await run(trt, req)
     assert trt.llm.submitted[-1]["sp"].logprobs == 3
     for info, tid in zip(s.tokens[0], s.token_ids[0], strict=True):
-        assert info.rank == 1 and info.logprob == pytest.approx(-0.1)
+        assert info.rank == 1 and info.logprob == pytest.approx(fake_trtllm.logprob(1))
         assert [c.token_id for c in info.candidates] == [tid, tid + 1, tid + 2]
     req = gen_request("hi", stopping=g.StoppingOptions(max_tokens=2),
                       response=g.ResponseOptions(return_output_logprobs=True))
@@ -177,19 +178,47 @@ async def test_sampling_options_reach_engine(trt):
     assert (sp.frequency_penalty, sp.presence_penalty, sp.repetition_penalty) == (0.2, 0.3, 1.1)
 
 
-@pytest.mark.parametrize("guide, kw", [
-    (g.GuidedDecoding(json_schema='{"type": "object"}'), {"json": '{"type": "object"}'}),
-    (g.GuidedDecoding(regex="a+"), {"regex": "a+"}),
-    (g.GuidedDecoding(ebnf_grammar="root ::= 'a'"), {"grammar": "root ::= 'a'"}),
-    (g.GuidedDecoding(structural_tag='{"a": 1}'), {"structural_tag": '{"a": 1}'}),
-    (g.GuidedDecoding(choice=g.ChoiceConstraint(choices=["a.b", "c"])), {"regex": r"(a\.b|c)"}),
-    (g.GuidedDecoding(json_object=g.JsonObjectConstraint()), {"json_object": True}),
+STRUCTURAL_TAG = json.dumps({"type": "structural_tag", "triggers": ["<n>"],
+                             "structures": [{"begin": "<n>", "schema": {"type": "integer"}, "end": "</n>"}]})
+
+
+@pytest.mark.parametrize("guide, kw, text", [
+    (g.GuidedDecoding(json_schema='{"properties": {"n": {"type": "integer", "minimum": 3}}, "required": ["n"]}'),
+     {"json": '{"properties": {"n": {"type": "integer", "minimum": 3}}, "required": ["n"]}'}, '{"n": 3}'),
+    (g.GuidedDecoding(regex="a+[0-9]"), {"regex": "a+[0-9]"}, "a0"),
+    (g.GuidedDecoding(ebnf_grammar='root ::= "x" digit\ndigit ::= [1-9]'),
+     {"grammar": 'root ::= "x" digit\ndigit ::= [1-9]'}, "x1"),
+    (g.GuidedDecoding(choice=g.ChoiceConstraint(choices=["a.b", "c"])), {"regex": r"(a\.b|c)"}, "a.b"),
+    (g.GuidedDecoding(json_object=g.JsonObjectConstraint()), {"json_object": True}, "{}"),
 ])
-async def test_guided_modes(trt, guide, kw):
-    await run(trt, gen_request("hi", guided=guide, stopping=g.StoppingOptions(max_tokens=1)))
+async def test_guided_output_is_constrained(trt, guide, kw, text):
+    """The constraint reaches the engine as GuidedDecodingParams and the output satisfies it,
+    ending with EOS once complete (choice is an escaped regex: ``.`` matches only itself)."""
+    s = await run(trt, gen_request("hi", guided=guide, stopping=g.StoppingOptions(max_tokens=20)))
     gd = trt.llm.submitted[-1]["sp"].guided_decoding
     for k, v in kw.items():
         assert getattr(gd, k) == v
+    assert s.text[0] == text and s.finished[0].reason == g.FINISH_REASON_STOP
+    assert s.finished[0].stop_match.eos_token_id == fake_trtllm.EOS
+
+
+async def test_guided_structural_tag_leaves_free_text_free(trt):
+    req = gen_request("hi", guided=g.GuidedDecoding(structural_tag=STRUCTURAL_TAG),
+                      stopping=g.StoppingOptions(max_tokens=5))
+    s = await run(trt, req)
+    assert trt.llm.submitted[-1]["sp"].guided_decoding.structural_tag == STRUCTURAL_TAG
+    assert s.text[0] == expected(5) and s.finished[0].reason == g.FINISH_REASON_LENGTH
+
+
+@pytest.mark.parametrize("guide, fragment", [
+    (g.GuidedDecoding(regex="(a"), "invalid regex"),
+    (g.GuidedDecoding(ebnf_grammar='start ::= "a"'), "no `root` rule"),
+    (g.GuidedDecoding(structural_tag='{"a": 1}'), "invalid structural tag"),
+])
+async def test_invalid_guide_fails_in_the_stream(trt, guide, fragment):
+    """TensorRT-LLM compiles the grammar in the engine, after acceptance: the stream ends with its error."""
+    s = await run(trt, gen_request("hi", guided=guide))
+    assert s.error is not None and fragment in s.error.message
 
 
 async def test_guided_backend_mismatch_and_disabled(trt, serve):

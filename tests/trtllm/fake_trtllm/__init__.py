@@ -9,8 +9,16 @@ depends on (see /work/shared/engines/trtllm.md and tensorrt_llm/executor/result.
 - ``SamplingParams.max_tokens`` defaults to 32: the fake records whether it was set explicitly.
 - Stop strings / stop token ids finish with ``stop_reason``; unless include_stop_str_in_output the
   stop tokens are truncated from the final output (multi-token stops were streamed before).
+- The model: at a position where it emits token b the raw logits are ``-0.25 * ((v - b) % VOCAB)``
+  (``logits_row``), so b has rank 1 and every logprob is log_softmax of such a row.
 - logprobs: list of dict token_id -> Logprob(logprob, rank), top-k plus the sampled token;
-  prompt_logprobs: entry i is the distribution after prompt position i (scores token i + 1).
+  prompt_logprobs: entry i is the distribution after prompt position i (scores token i + 1), top k
+  only (1.2.x adds no prompt token to the dict; here the prompt token happens to be the top one).
+- ``return_generation_logits``: ``CompletionOutput.generation_logits`` is a [tokens, VOCAB]
+  tensor of the raw logits at each generated position (a ``Tensor`` with torch's ``tolist``);
+  skipped (left None) with speculative decoding.
+- Guided decoding is enforced (``guided.py``): the output satisfies the constraint and ends with
+  EOS (finish "stop") once it is complete; an invalid constraint fails the request's stream.
 - ``cached_tokens`` from a block-reuse prefix cache (4-token blocks, keyed by cache_salt).
 - ``get_stats_async(timeout)`` / ``get_kv_cache_events_async(timeout)``: single-consumer queues
   that drain on read and end after ``timeout`` without data.
@@ -24,16 +32,22 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import os
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from .guided import constrained_text
+
 __version__ = "1.2.0"
 BOS, EOS = 1, 2
 TEXT = "hello world. "
 BLOCK = 4
+VOCAB = 512
+SLOPE = 0.25
+_LSE = math.log(sum(math.exp(-SLOPE * j) for j in range(VOCAB)))
 
 
 class Tokenizer:
@@ -61,13 +75,18 @@ class GuidedDecodingParams:
     json_object: bool = False
     structural_tag: str | None = None
 
+    def _validate(self) -> None:
+        used = sum(bool(v) for v in (self.json, self.regex, self.grammar, self.json_object, self.structural_tag))
+        if used > 1:
+            raise ValueError(f"Only one guide can be used for a request, but got {used}.")
+
 
 class SamplingParams:
     FIELDS = {"max_tokens": 32, "n": 1, "temperature": None, "top_p": None, "top_k": None, "min_p": None,
               "frequency_penalty": None, "presence_penalty": None, "repetition_penalty": None, "seed": None,
               "min_tokens": None, "stop": None, "stop_token_ids": None, "ignore_eos": False,
               "include_stop_str_in_output": False, "logprobs": None, "prompt_logprobs": None,
-              "guided_decoding": None, "best_of": None}
+              "guided_decoding": None, "best_of": None, "return_generation_logits": False}
 
     def __init__(self, **kw):
         unknown = set(kw) - set(self.FIELDS)
@@ -78,6 +97,8 @@ class SamplingParams:
         self.explicit = frozenset(kw)
         if self.n < 1:
             raise ValueError("n must be >= 1")
+        if self.guided_decoding is not None:
+            self.guided_decoding._validate()
 
 
 @dataclass(slots=True)
@@ -137,6 +158,7 @@ class Args:
     lora_config: LoraConfig | None = None
     guided_decoding_backend: str | None = "xgrammar"
     cache_transceiver_config: CacheTransceiverConfig | None = None
+    speculative_config: Any = None
 
 
 @dataclass(slots=True)
@@ -149,6 +171,7 @@ class CompletionOutput:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     disaggregated_params: DisaggregatedParams | None = None
+    generation_logits: Tensor | None = None
     _last_text_len: int = 0
     _last_token_ids_len: int = 0
     _last_logprobs_len: int = 0
@@ -188,11 +211,25 @@ class _Queue:
                 return
 
 
-def _topk(best: int, k: int, extra: int | None = None) -> dict[int, Logprob]:
-    d = {best + r: Logprob(-0.25 * r - 0.1, r + 1) for r in range(k)}
-    if extra is not None and extra not in d:
-        d[extra] = Logprob(-9.5, 1000)
-    return d
+class Tensor(list):
+    """A row-major stand-in for the torch tensors TensorRT-LLM returns (``tolist`` and rows)."""
+
+    def tolist(self) -> list:
+        return [r.tolist() if isinstance(r, Tensor) else r for r in self]
+
+
+def logits_row(token: int) -> Tensor:
+    """The raw logits at a position where the fake model emits (or reads) ``token``: its favourite."""
+    return Tensor(-SLOPE * ((v - token) % VOCAB) for v in range(VOCAB))
+
+
+def logprob(rank: int) -> float:
+    """log_softmax of ``logits_row`` at the token of this rank (1 = the favoured one)."""
+    return -SLOPE * (rank - 1) - _LSE
+
+
+def _topk(best: int, k: int) -> dict[int, Logprob]:
+    return {best + r: Logprob(logprob(r + 1), r + 1) for r in range(k)}
 
 
 class RequestOutput:
@@ -247,12 +284,16 @@ class RequestOutput:
         out.token_ids.extend(new_ids)
         if self.sampling_params.logprobs is not None:
             out.logprobs.extend(new_lps)
+        if self.sampling_params.return_generation_logits and self._llm.args.speculative_config is None:
+            out.generation_logits = Tensor([*(out.generation_logits or []), *map(logits_row, new_ids)])
         if reason is not None:
             out.finish_reason, out.stop_reason = reason, stop_reason
             if reason == "stop" and stop_reason is not None and not self.sampling_params.include_stop_str_in_output:
                 cut = len(self._llm.stop_ids(stop_reason))
                 del out.token_ids[len(out.token_ids) - cut:]
                 del out.logprobs[len(out.token_ids):]
+                if out.generation_logits is not None:
+                    out.generation_logits = Tensor(out.generation_logits[:len(out.token_ids)])
         out.disaggregated_params = disagg
         out.text = self._llm.tokenizer.decode(out.token_ids)
         if final:
@@ -392,6 +433,7 @@ class LLM:
                     raise RuntimeError(f"no context for ctx_request_id {disagg.ctx_request_id}")
                 del self.context_sessions[disagg.ctx_request_id]
                 first = list(disagg.first_gen_tokens)
+            guided = constrained_text(sp.guided_decoding)
             out.cached_tokens = self._prefix_cache(out.prompt_token_ids, salt, lora.lora_int_id if lora else 0)
             n = sp.n
             made = [0] * n
@@ -417,10 +459,13 @@ class LLM:
                                 and t >= (sp.min_tokens or 0):
                             reason = "stop"
                             break
-                        tok = ord(TEXT[(t + 3 * i + seed + shift) % len(TEXT)])
+                        if guided is not None and t >= len(guided):
+                            reason = "stop"  # the constraint is complete: only EOS is allowed
+                            break
+                        tok = ord(guided[t] if guided is not None else TEXT[(t + 3 * i + seed + shift) % len(TEXT)])
                         new.append(tok)
                         produced[i].append(tok)
-                        lps.append(_topk(tok, sp.logprobs or 0, tok) if sp.logprobs else None)
+                        lps.append(_topk(tok, sp.logprobs) if sp.logprobs else None)
                         made[i] += 1
                         if t + 1 >= (sp.min_tokens or 0):
                             if sp.stop_token_ids and tok in sp.stop_token_ids:
