@@ -468,7 +468,9 @@ class VllmBackend(be.EngineBackend):
                 await self.engine.abort(params.request_id)
 
     async def _prefill_stream(self, params: be.GenerateParams, collector):
-        """A prefill ends with one chunk carrying the KV session (its sampled token is dropped)."""
+        """A prefill ends with one chunk carrying the KV session (its sampled token is dropped;
+        prompt tokens and logprobs still go out when asked for)."""
+        translator = translate.OutputTranslator(params, self.eos_token_id)
         finished = False
         prompt_ids = None
         try:
@@ -481,12 +483,11 @@ class VllmBackend(be.EngineBackend):
                     raise _engine_failure(exc) from None
                 finished = out.finished
                 prompt_ids = prompt_ids or out.prompt_token_ids
+                if finished and any(c.finish_reason == "abort" for c in out.outputs):
+                    return
+                chunk = translator.chunk(out)  # raises for an engine error finish
+                chunk.outputs = []
                 if finished:
-                    reasons = {c.finish_reason for c in out.outputs}
-                    if "abort" in reasons:
-                        return
-                    if reasons - {"length", "stop"}:
-                        raise EngineFailure(ErrorCode.INTERNAL, f"prefill finished with {sorted(reasons)}")
                     try:
                         session = self.connector.session(params.request_id, out.kv_transfer_params,
                                                          prompt_ids or (), params.data_parallel_rank or 0)
@@ -494,9 +495,9 @@ class VllmBackend(be.EngineBackend):
                         raise EngineFailure(ErrorCode.KV_TRANSFER_FAILED, str(exc)) from None
                     self.sessions.hand_off(session.session_id, self.connector.lease_s)
                     self._transfer_event("prefill_ready", params, session)
-                    yield be.GenerationChunk(prompt_tokens=len(prompt_ids or ()),
-                                             cached_prompt_tokens=out.num_cached_tokens,
-                                             prefill_ready=session)
+                    chunk.prefill_ready = session
+                if finished or chunk.prompt is not None:
+                    yield chunk
         finally:
             collector.close()
             if not finished:

@@ -173,6 +173,18 @@ async def test_text_prompt_handoff(prefill, decode, reference):
     assert s.token_ids[0] == reference.greedy(reference.tokenizer(text)["input_ids"], 4)
 
 
+async def test_prefill_streams_prompt_logprobs_before_the_session(prefill, reference):
+    tokens = PROMPT[:40]
+    req = g.GenerateRequest(token_ids=ids(tokens), response=g.ResponseOptions(return_prompt_logprobs=True))
+    responses = await collect(prefill.stub, req, timeout=60)
+    s = check_generate_stream(req, responses, prefill=True)
+    assert [r.WhichOneof("event") for r in responses] == ["prompt", "prefill_ready"]
+    expected = reference.logprobs(tokens)
+    got = [t.logprob for t in s.prompt.tokens[1:]]
+    want = [float(expected[i - 1][tokens[i]]) for i in range(1, len(tokens))]
+    assert got == pytest.approx(want, abs=1e-3)
+
+
 async def test_a_session_decodes_once(prefill, decode):
     session = await do_prefill(prefill)
     await collect(decode.stub, decode_request(session, max_tokens=2), timeout=60)
