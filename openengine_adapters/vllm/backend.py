@@ -12,6 +12,7 @@ import logging
 import math
 import uuid
 from collections.abc import Sequence
+from functools import cached_property
 
 import grpc
 
@@ -34,7 +35,7 @@ from openengine_adapters.types import (
     ValueSemantics,
 )
 from openengine_adapters.vllm import disagg, translate
-from openengine_adapters.vllm.media import load_images
+from openengine_adapters.vllm.media import load_images, media_connector
 from openengine_adapters.vllm.stats import StatsCollector
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ def _client_error(exc: Exception) -> RequestRejected:
         return RequestRejected(grpc.StatusCode.RESOURCE_EXHAUSTED, f"engine queue is full: {exc}",
                                ErrorCode.OVERLOADED, retry_after_ms=100)
     parameter = getattr(exc, "parameter", None)
+    if parameter in ("image", "video", "audio", "multi_modal_data"):  # vLLM names media by modality
+        parameter = "media"
     return invalid(f"{parameter or 'request'}: rejected by vLLM: {exc}")
 
 
@@ -368,6 +371,11 @@ class VllmBackend(be.EngineBackend):
         except (VLLMClientError, ValueError, TypeError) as exc:
             raise _client_error(exc) from None
 
+    @cached_property
+    def _media_connector(self):
+        """vLLM's media loading with this engine's media settings (built on the first media)."""
+        return media_connector(self.config.model_config)
+
     def _lora(self, name: str):
         """The LoRARequest for a name; one unloaded meanwhile is refused, never the base model."""
         if not name:
@@ -383,7 +391,7 @@ class VllmBackend(be.EngineBackend):
         if params.kv_session is not None:  # a DECODE engine (the service checked the role)
             handoff = self.connector.decode_handoff(params.kv_session)
         sp = self._sampling_params(params, handoff.kv_transfer_params if handoff else None)
-        images = await load_images(params.media) if params.media else None
+        images = await load_images(params.media, self._media_connector) if params.media else None
         prompt = translate.prompt_input(params, {"image": images} if images else None)
         if handoff is not None:
             prompt = await self._render_decode_prompt(prompt, handoff)

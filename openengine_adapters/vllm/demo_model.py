@@ -8,6 +8,8 @@ Each builder writes a Hugging Face model directory (``config.json``, ``model.saf
   default, ``BertForSequenceClassification`` on request) with ``id2label`` labels.
 - :func:`build_tiny_cross_encoder`: a ``BertForSequenceClassification`` with one label, which vLLM
   treats as a cross-encoder (score = sigmoid of the single logit of the tokenized pair).
+- :func:`build_tiny_blip2`: a ``Blip2ForConditionalGeneration`` (image + text) around the tiny Llama,
+  with a ``BlipImageProcessor`` config (no torchvision needed).
 
 The tokenizer is a byte-level BPE trained with ``tokenizers`` on a small English corpus generated
 here, so every byte string is encodable and decoding round-trips. Special tokens have fixed ids:
@@ -23,7 +25,7 @@ model's LM head gives a zero logit to tokens that do not decode to printable tex
 (control bytes, partial UTF-8 bytes, special tokens other than EOS), so its output is readable.
 CPU attention in vLLM needs ``head_dim >= 64``.
 
-CLI: ``python -m openengine_adapters.vllm.demo_model PATH [--kind llama|classifier|cross-encoder]``
+CLI: ``python -m openengine_adapters.vllm.demo_model PATH [--kind llama|classifier|cross-encoder|blip2]``
 prints the model directory.
 """
 
@@ -52,6 +54,8 @@ __all__ = [
     "build_tiny_llama",
     "build_tiny_classifier",
     "build_tiny_cross_encoder",
+    "build_tiny_blip2",
+    "IMAGE_TOKEN",
     "build",
     "demo_corpus",
     "main",
@@ -548,6 +552,147 @@ def build_tiny_llama(
     return _build_dir(path, _stamp("llama", params), write)
 
 
+#: The image placeholder token of :func:`build_tiny_blip2` (id ``vocab_size - 1``).
+IMAGE_TOKEN = "<image>"
+
+
+def build_tiny_blip2(
+    path: str | os.PathLike[str],
+    *,
+    seed: int = 0,
+    vocab_size: int = 512,
+    hidden_size: int = 128,
+    layers: int = 2,
+    heads: int = 2,
+    max_position_embeddings: int = 2048,
+    image_size: int = 56,
+    patch_size: int = 14,
+    vision_hidden_size: int = 128,
+    vision_layers: int = 2,
+    vision_heads: int = 2,
+    num_query_tokens: int = 8,
+    qformer_layers: int = 2,
+) -> Path:
+    """Build (or reuse) a random-weight ``Blip2ForConditionalGeneration`` (image + text) at
+    ``path``; returns the directory.
+
+    A BLIP vision tower, a Q-Former with ``num_query_tokens`` queries and a linear projection in
+    front of the tiny Llama of :func:`build_tiny_llama` (same tokenizer plus the special
+    ``<image>`` token, id ``vocab_size - 1``). Like a real BLIP-2 the prompt holds no placeholder:
+    the processor (transformers' and vLLM's) puts ``num_query_tokens`` image tokens in front of the
+    tokenized prompt; one image per prompt. The preprocessor is a ``BlipImageProcessor``
+    (transformers picks its PIL backend when torchvision is absent).
+
+    Why BLIP-2: with vLLM 0.32 and no torchvision, the LLaVA family, PaliGemma and every model
+    that sizes its vision tower through ``get_vision_encoder_info`` import transformers' Pixtral
+    image processor, which needs torchvision; BLIP-2 does not.
+    """
+    params = {
+        "seed": seed,
+        "vocab_size": vocab_size,
+        "hidden_size": hidden_size,
+        "layers": layers,
+        "heads": heads,
+        "max_position_embeddings": max_position_embeddings,
+        "image_size": image_size,
+        "patch_size": patch_size,
+        "vision_hidden_size": vision_hidden_size,
+        "vision_layers": vision_layers,
+        "vision_heads": vision_heads,
+        "num_query_tokens": num_query_tokens,
+        "qformer_layers": qformer_layers,
+    }
+    _check_head_dim(hidden_size, heads, heads)
+    _check_head_dim(vision_hidden_size, vision_heads, vision_heads)
+    if image_size % patch_size:
+        raise ValueError(f"image_size {image_size} is not a multiple of patch_size {patch_size}")
+
+    def write(out: Path) -> None:
+        from tokenizers import AddedToken
+        from transformers import Blip2Config, Blip2QFormerConfig, Blip2VisionConfig
+
+        tok = _build_tokenizer(vocab_size - 1, style="llama")
+        tok.add_special_tokens([AddedToken(IMAGE_TOKEN, special=True, normalized=False)])
+        image_token_id = tok.token_to_id(IMAGE_TOKEN)
+        if image_token_id != vocab_size - 1:
+            raise RuntimeError(f"{IMAGE_TOKEN} got id {image_token_id}, expected {vocab_size - 1}")
+        tok.save(str(out / "tokenizer.json"), pretty=True)
+        tok_cfg = _tokenizer_config(style="llama", model_max_length=max_position_embeddings, chat_template=False)
+        tok_cfg["processor_class"] = "Blip2Processor"
+        _write_json(out / "tokenizer_config.json", tok_cfg)
+        _write_json(out / "special_tokens_map.json", _special_tokens_map("llama"))
+
+        text_config = _llama_config(
+            "LlamaForCausalLM",
+            vocab_size=vocab_size,
+            hidden_size=hidden_size,
+            layers=layers,
+            heads=heads,
+            kv_heads=heads,
+            max_position_embeddings=max_position_embeddings,
+        )
+        vision_config = Blip2VisionConfig(
+            hidden_size=vision_hidden_size,
+            intermediate_size=vision_hidden_size * 2,
+            num_hidden_layers=vision_layers,
+            num_attention_heads=vision_heads,
+            image_size=image_size,
+            patch_size=patch_size,
+            hidden_act="gelu",
+            layer_norm_eps=1e-6,
+            attention_dropout=0.0,
+            qkv_bias=True,
+        )
+        qformer_config = Blip2QFormerConfig(
+            hidden_size=vision_hidden_size,
+            intermediate_size=vision_hidden_size * 2,
+            num_hidden_layers=qformer_layers,
+            num_attention_heads=vision_heads,
+            encoder_hidden_size=vision_hidden_size,
+            cross_attention_frequency=1,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            max_position_embeddings=max_position_embeddings,
+            vocab_size=vocab_size,
+        )
+        config = Blip2Config(
+            vision_config=vision_config.to_dict(),
+            qformer_config=qformer_config.to_dict(),
+            text_config=text_config.to_dict(),
+            num_query_tokens=num_query_tokens,
+            image_token_index=image_token_id,
+            tie_word_embeddings=False,
+            architectures=["Blip2ForConditionalGeneration"],
+            dtype="float32",
+        )
+        model = _new_model("Blip2ForConditionalGeneration", config)
+        _randomize(model, seed, std=hidden_size**-0.5)
+        _mute_unreadable_tokens(model, tok)
+        _save_model(model, out)
+        _write_generation_config(out)
+        _write_json(
+            out / "preprocessor_config.json",
+            {
+                "image_processor_type": "BlipImageProcessor",
+                "processor_class": "Blip2Processor",
+                "do_resize": True,
+                "size": {"height": image_size, "width": image_size},
+                "resample": 3,
+                "do_rescale": True,
+                "rescale_factor": 1 / 255,
+                "do_normalize": True,
+                "image_mean": [0.48145466, 0.4578275, 0.40821073],
+                "image_std": [0.26862954, 0.26130258, 0.27577711],
+                "do_convert_rgb": True,
+            },
+        )
+        _write_json(
+            out / "processor_config.json", {"processor_class": "Blip2Processor", "num_query_tokens": num_query_tokens}
+        )
+
+    return _build_dir(path, _stamp("blip2", params), write)
+
+
 def build_tiny_classifier(
     path: str | os.PathLike[str],
     *,
@@ -676,11 +821,12 @@ KINDS = {
     "llama": build_tiny_llama,
     "classifier": build_tiny_classifier,
     "cross-encoder": build_tiny_cross_encoder,
+    "blip2": build_tiny_blip2,
 }
 
 
 def build(path: str | os.PathLike[str], kind: str = "llama", **kwargs: Any) -> Path:
-    """Build a model of ``kind`` ("llama", "classifier" or "cross-encoder") at ``path``."""
+    """Build a model of ``kind`` ("llama", "classifier", "cross-encoder" or "blip2") at ``path``."""
     try:
         builder = KINDS[kind]
     except KeyError:

@@ -95,3 +95,11 @@ async def serve_vllm(args, **config):
     finally:
         await channel.close()
         await server.stop(1.0)
+
+
+@pytest.fixture(scope="session")
+def mm_model_dir(tmp_path_factory):
+    """A tiny random-weight BLIP-2 (image + text) built locally; see ``build_tiny_blip2``."""
+    from openengine_adapters.vllm.demo_model import build_tiny_blip2
+
+    return build_tiny_blip2(tmp_path_factory.mktemp("models") / "tiny-blip2")
