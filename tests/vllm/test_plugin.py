@@ -44,7 +44,7 @@ async def test_vllm_serve_with_plugin_serves_both_protocols(model_dir):
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", str(model_dir),
         "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(http_port), "--enforce-eager",
-        "--gpu-memory-utilization", "0.2", "--max-model-len", "256",
+        "--gpu-memory-utilization", "0.2", "--max-model-len", "256", "--shutdown-timeout", "60",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env)
     lines = []
     try:
@@ -65,13 +65,14 @@ async def test_vllm_serve_with_plugin_serves_both_protocols(model_dir):
             assert len(s.token_ids[0]) == 3
             load = await stub.GetLoad(obs.GetLoadRequest())
             assert load.total_kv_blocks > 0 and load.running_requests == 0
-            # SIGTERM to vllm serve: vLLM stops its engine first, so a gRPC stream in flight ends with
-            # one terminal event (its finish, or an EngineError) and gRPC OK, never a broken transport
+            # SIGTERM to vllm serve with --shutdown-timeout: vLLM drains its engine before it stops,
+            # so a gRPC stream in flight runs to its finish, then the gRPC server stops with the app
             long = g.GenerateRequest(prompt="The cat", stopping=g.StoppingOptions(max_tokens=200, ignore_eos=True))
             call = stub.Generate(long)
             first = await call.read()
             proc.terminate()
-            check_generate_stream(long, [first, *await read_rest(call)])
+            s = check_generate_stream(long, [first, *await read_rest(call)])
+            assert s.finished[0].reason == g.FINISH_REASON_LENGTH and len(s.token_ids[0]) == 200
             assert await call.code() == grpc.StatusCode.OK
         await asyncio.wait_for(proc.wait(), 60)
         reader.cancel()
