@@ -11,7 +11,10 @@ child processes of this one, one at a time, with the same model and engine flags
 sends the same token-id prompt and asks for the same number of tokens (ignore_eos), so the
 engines do identical work.
 
-  python bench/vllm_streaming.py [--model DIR] [--tokens 64] [--concurrency 1 16 64]
+  python bench/vllm_streaming.py [--model DIR] [--tokens 64] [--concurrency 1 16 64] [--stream-interval N]
+
+``--stream-interval N`` (vLLM's own engine flag, applied to all three) sends a stream's tokens
+every N engine steps: fewer messages per token, the lever when many streams share few cores.
 
 Without --model the demo model (tiny random Llama) is built and used: this then measures the
 serving layers, since the model itself costs almost nothing.
@@ -38,9 +41,13 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 PROMPT_IDS = [1, 275, 340, 88, 300, 301, 302, 303, 304, 305, 306, 307, 308, 309, 310, 311]
 
 
+STREAM_INTERVAL = 1  # vLLM's --stream-interval, the same for all three (set from the command line)
+
+
 def engine_flags(model: str, max_seqs: int) -> list[str]:
     return ["--model", model, "--enforce-eager", "--gpu-memory-utilization", "0.2", "--max-model-len", "512",
-            "--dtype", "float32", "--max-num-seqs", str(max_seqs), "--seed", "0"]
+            "--dtype", "float32", "--max-num-seqs", str(max_seqs), "--seed", "0",
+            "--stream-interval", str(STREAM_INTERVAL)]
 
 
 def free_port() -> int:
@@ -220,7 +227,7 @@ async def bench_vllm_grpc(model: str, levels: list[int], tokens: int) -> list[Re
 # --------------------------------------------------------------------------- report
 
 def report(results: dict[str, list[Result]], tokens: int) -> None:
-    print(f"\nstreams of {tokens} tokens, prompt {len(PROMPT_IDS)} tokens\n")
+    print(f"\nstreams of {tokens} tokens, prompt {len(PROMPT_IDS)} tokens, stream interval {STREAM_INTERVAL}\n")
     print(f"{'server':<10} {'streams':>7} {'tokens/s':>10} {'TTFT p50 ms':>12}")
     for rows in results.values():
         for r in rows:
@@ -241,7 +248,10 @@ async def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--skip", nargs="*", default=[], choices=["limit", "ours", "vllm"])
+    parser.add_argument("--stream-interval", type=int, default=1)
     args = parser.parse_args()
+    global STREAM_INTERVAL
+    STREAM_INTERVAL = args.stream_interval
     model = args.model
     if model is None:
         from openengine_adapters.vllm.demo_model import build_tiny_llama
