@@ -11,10 +11,10 @@ detokenizer subprocesses too). See engines/sglang.md, "Running it on these machi
 import importlib.abc
 import sys
 
-_SCHEMAS = {
-    "nms": "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
-    "qnms": "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
-}
+_SCHEMAS = (
+    "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+    "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+)
 
 
 class _DeclareTorchvisionOps(importlib.abc.MetaPathFinder):
@@ -22,11 +22,11 @@ class _DeclareTorchvisionOps(importlib.abc.MetaPathFinder):
         if fullname != "torchvision":
             return None
         sys.meta_path.remove(self)
-        import torch  # noqa: PLC0415
+        import torch
 
         global _LIB
         _LIB = torch.library.Library("torchvision", "FRAGMENT")
-        for name, schema in _SCHEMAS.items():
+        for schema in _SCHEMAS:
             try:
                 _LIB.define(schema)
             except RuntimeError:  # already declared (a working torchvision build)
