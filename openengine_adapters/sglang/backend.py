@@ -219,9 +219,18 @@ class SglangBackend(be.EngineBackend):
             await asyncio.to_thread(self.engine.shutdown)
 
     async def check_health(self) -> list[be.HealthCheckResult]:
-        if not self.tm.is_healthy():
-            return [be.HealthCheckResult("scheduler", HealthState.NOT_READY, "SGLang is not up (starting, "
-                                         "unhealthy or shutting down)")]
+        """SGLang's ``server_status``: an ``Engine`` leaves it at Starting once started (only the
+        HTTP server's warmup sets Up), so Starting counts as up when we own an Engine and as
+        STARTING under ``sglang serve``."""
+        from sglang.srt.managers.tokenizer_manager import ServerStatus
+
+        status = getattr(self.tm, "server_status", None)
+        if getattr(self.tm, "gracefully_exit", False):
+            return [be.HealthCheckResult("scheduler", HealthState.NOT_READY, "SGLang is shutting down")]
+        if status == ServerStatus.UnHealthy:
+            return [be.HealthCheckResult("scheduler", HealthState.NOT_READY, "SGLang reports itself unhealthy")]
+        if status == ServerStatus.Starting and self.engine is None:
+            return [be.HealthCheckResult("scheduler", HealthState.STARTING, "SGLang is warming up")]
         checks = [be.HealthCheckResult("scheduler", HealthState.READY, "SGLang scheduler is up"),
                   be.HealthCheckResult("model", HealthState.READY, self._card.names[0])]
         if getattr(self.tm, "is_pause", False):
