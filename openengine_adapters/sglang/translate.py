@@ -102,10 +102,10 @@ def sampling_params(p: be.GenerateParams, index: int = 0, *, max_new_tokens: int
         sp["min_new_tokens"] = st.min_tokens
     if st.stop_texts:
         sp["stop"] = list(st.stop_texts)
-    if st.stop_token_ids and not st.ignore_eos:
+    if st.stop_token_ids:
+        # With ignore_eos SGLang does not stop on them (the adapter matches them, OutputTranslator)
+        # but still masks them during min_new_tokens.
         sp["stop_token_ids"] = list(st.stop_token_ids)
-    # SGLang's ignore_eos also disables stop_token_ids: with both, the adapter matches the stop
-    # tokens itself (OutputTranslator) and aborts the rest of the SGLang request.
     if st.ignore_eos is not None:
         sp["ignore_eos"] = st.ignore_eos
     if st.include_stop_in_output is not None:
@@ -354,7 +354,8 @@ class OutputTranslator:
         if reason is None and message:
             raise EngineFailure(ErrorCode.INTERNAL, message)
         if self._stop_ids:
-            for pos in range(self.ids, len(ids)):
+            # as SGLang's own matching: no stop before min_tokens tokens
+            for pos in range(max(self.ids, self.params.stopping.min_tokens or 0), len(ids)):
                 if ids[pos] in self._stop_ids:
                     keep = pos + 1 if self.params.stopping.include_stop_in_output else pos
                     ids, text = ids[:pos + 1], self._decode(ids[:keep], text)
