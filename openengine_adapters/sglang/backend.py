@@ -243,13 +243,12 @@ class SglangBackend(be.EngineBackend):
         if role == EngineRole.AGGREGATED or self.role == EngineRole.AGGREGATED:
             await super().probe(model, role)
             return
-        from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST
         from sglang.srt.managers.io_struct import GenerateReqInput
 
         rid = translate.engine_rids(f"openengine-health-probe-{time.monotonic_ns()}", 1)[0]
         obj = GenerateReqInput(rid=rid, input_ids=[1], stream=False,
                                sampling_params={"max_new_tokens": 1, "temperature": 0.0, "ignore_eos": True},
-                               bootstrap_host=FAKE_BOOTSTRAP_HOST, bootstrap_port=self.bootstrap_port,
+                               bootstrap_host=translate.FAKE_BOOTSTRAP_HOST, bootstrap_port=self.bootstrap_port,
                                bootstrap_room=translate.new_bootstrap_room())
         last = None
         try:
@@ -321,7 +320,12 @@ class SglangBackend(be.EngineBackend):
             raise invalid("priority: SGLang runs with --schedule-low-priority-values-first, the opposite of "
                           "OpenEngine's ordering")
         if self.role == EngineRole.DECODE and params.kv_session is not None:
-            translate.decode_session(params.kv_session.attributes)
+            kw = translate.decode_session(params.kv_session.attributes)
+            if self.transfer_backend == "fake" and kw["bootstrap_host"] != translate.FAKE_BOOTSTRAP_HOST:
+                # SGLang 0.5.23's decode scheduler crashes resolving a real bootstrap address on
+                # the fake backend (FakeKVManager has no prefill_info_table)
+                raise invalid(f"kv.session.attributes_struct.bootstrap_host: the fake transfer backend takes only "
+                              f"SGLang's fake bootstrap host {translate.FAKE_BOOTSTRAP_HOST}")
         if params.lora_name and params.lora_name not in self._loras:
             raise RequestRejected(grpc.StatusCode.NOT_FOUND, f"lora_name: adapter {params.lora_name!r} is not loaded",
                                   ErrorCode.MODEL_NOT_FOUND)

@@ -28,6 +28,8 @@ from openengine_adapters.types import CandidateMode, ErrorCode, FinishReason, Gu
 MAX_STOP_STRINGS = 32
 # The KvSessionRef.attributes_struct keys of an SGLang PD handoff (the bootstrap rendezvous).
 SESSION_KEYS = ("bootstrap_host", "bootstrap_port", "bootstrap_room", "prefill_dp_rank")
+# SGLang's FAKE_BOOTSTRAP_HOST (disaggregation/utils.py): no peer, no transfer (warmup, health).
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"
 _MAX_SAFE_INT = 2**53
 _ROOM_LIMIT = 2**63  # SGLang keeps bootstrap rooms in int64 tensors
 
