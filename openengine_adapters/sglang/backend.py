@@ -350,7 +350,9 @@ class SglangBackend(be.EngineBackend):
         rids = translate.engine_rids(params.request_id, n)
         disagg, session = self._disagg(params)
         try:
-            objs = [GenerateReqInput(**translate.request_kwargs(params, rid, i, disagg=disagg))
+            prefill_len = 1 if self.role == EngineRole.PREFILL else None  # the prefill side samples one token
+            objs = [GenerateReqInput(**translate.request_kwargs(params, rid, i, disagg=disagg,
+                                                                max_new_tokens=prefill_len))
                     for i, rid in enumerate(rids)]
         except (ValueError, TypeError) as exc:
             raise invalid(f"request: rejected by SGLang: {exc}") from None
