@@ -154,3 +154,11 @@ async def test_engine_and_model_info(served):
     assert not mi.supports_lora and not mi.supports_multimodal
     assert mi.tasks.score.supports_label_token_scoring
     assert not mi.tasks.HasField("embed") and not mi.tasks.HasField("classify")
+
+
+async def test_model_info_agrees_with_manifest(served):
+    from manifest_check import check_manifest
+
+    mi = await served.stub.GetModelInfo(model_pb2.GetModelInfoRequest(model="tiny"))
+    checked = check_manifest(mi, {"generate.cache_salt", "score.label_tokens"}, engine="sglang")
+    assert checked >= 25
