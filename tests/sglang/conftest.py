@@ -31,7 +31,7 @@ from openengine_adapters.v1 import openengine_pb2_grpc  # noqa: E402
 
 # The CPU recipe of engines/sglang.md ("Running it on these machines").
 CPU_ENGINE = dict(device="cpu", attention_backend="torch_native", disable_cuda_graph=True,
-                  disable_overlap_schedule=True, sampling_backend="pytorch", grammar_backend="none",
+                  disable_overlap_schedule=True, sampling_backend="pytorch", grammar_backend="xgrammar",
                   skip_server_warmup=True, max_total_tokens=8192, log_level="warning", random_seed=0)
 PAGE_SIZE = 4
 
@@ -91,11 +91,13 @@ def kv_ports():
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def served(model_dir, kv_ports):
-    """One aggregated engine for the session, with SGLang's ZMQ KV-event publisher on."""
+    """One aggregated engine for the session: SGLang's ZMQ KV-event publisher, xgrammar, priority
+    scheduling on (the conformance sidecar runs with SGLang's defaults instead)."""
     pub, replay = kv_ports
     kv = {"publisher": "zmq", "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}",
           "topic": "kv", "buffer_steps": 10000}
-    async with serve_sglang(engine_kwargs(model_dir, kv_events_config=json.dumps(kv))) as s:
+    kw = engine_kwargs(model_dir, kv_events_config=json.dumps(kv), enable_priority_scheduling=True)
+    async with serve_sglang(kw) as s:
         yield s
 
 

@@ -149,8 +149,8 @@ async def test_engine_and_model_info(served):
     gen = mi.generation
     assert gen.max_num_sequences == 16 and gen.supports_stop_in_output and gen.supports_cache_salt
     assert gen.HasField("supports_prefix_cache_bypass") and not gen.supports_prefix_cache_bypass
-    assert gen.HasField("supports_priority") and not gen.supports_priority
-    assert gen.guided_decoding.HasField("supported") and not gen.guided_decoding.supported
+    assert gen.supports_priority
+    assert gen.guided_decoding.supported and len(gen.guided_decoding.modes) == 6
     assert not mi.supports_lora and not mi.supports_multimodal
     assert mi.tasks.score.supports_label_token_scoring
     assert not mi.tasks.HasField("embed") and not mi.tasks.HasField("classify")
@@ -160,5 +160,8 @@ async def test_model_info_agrees_with_manifest(served):
     from manifest_check import check_manifest
 
     mi = await served.stub.GetModelInfo(model_pb2.GetModelInfoRequest(model="tiny"))
-    checked = check_manifest(mi, {"generate.cache_salt", "score.label_tokens"}, engine="sglang")
+    guided = {f"generate.guided.{m}" for m in ("json_schema", "regex", "ebnf_grammar", "structural_tag", "choice",
+                                                "json_object")}
+    checked = check_manifest(mi, {"generate.cache_salt", "score.label_tokens", "generate.priority", *guided},
+                             engine="sglang")
     assert checked >= 25

@@ -222,12 +222,10 @@ async def test_rejections_before_acceptance(served):
     r = req("bypass")
     r.kv.bypass_prefix_cache = True
     await expect_status(served.stub.Generate(r), grpc.StatusCode.INVALID_ARGUMENT, "kv.bypass_prefix_cache")
-    r = req("guided")
+    r = req("guided-backend")
     r.guided.regex = "[ab]+"
-    await expect_status(served.stub.Generate(r), grpc.StatusCode.INVALID_ARGUMENT, "guided")
-    r = req("prio")
-    r.priority = 3
-    await expect_status(served.stub.Generate(r), grpc.StatusCode.INVALID_ARGUMENT, "priority")
+    r.guided.backend = "outlines"
+    await expect_status(served.stub.Generate(r), grpc.StatusCode.INVALID_ARGUMENT, "guided.backend")
     r = req("lora", lora_name="nope")
     await expect_status(served.stub.Generate(r), grpc.StatusCode.INVALID_ARGUMENT, "lora_name")
     r = req("alln")
@@ -256,3 +254,44 @@ async def _idle(served, timeout=20.0) -> bool:
             return True
         await asyncio.sleep(0.1)
     return False
+
+
+@pytest.mark.parametrize("field,value,check", [
+    ("regex", "(yes|no)+", lambda text: set(text) <= set("yesno") and text),
+    ("choice", ["red.fox", "blue(cat)"], lambda text: text in ("red.fox", "blue(cat)")),
+    ("json_schema", '{"type": "string", "maxLength": 4}', lambda text: isinstance(__import__("json").loads(text), str)),
+    ("ebnf_grammar", 'root ::= "a" "b"*', lambda text: text.startswith("a") and set(text[1:]) <= {"b"}),
+])
+async def test_guided_decoding_with_xgrammar(served, field, value, check):
+    """SGLang's xgrammar backend runs on CPU: the output follows the constraint (choice lowered to a
+    regex of the escaped literals)."""
+    r = greedy(req(f"guided-{field}", max_tokens=24), ignore_eos=False)
+    if field == "choice":
+        r.guided.choice.choices.extend(value)
+    else:
+        setattr(r.guided, field, value)
+    responses = await run(served.stub, r)
+    check_stream(r, responses)
+    text, _ = text_and_ids(responses)
+    assert finishes(responses)[0].reason == g.FINISH_REASON_STOP, text
+    assert check(text), text
+
+
+async def test_guided_json_object(served):
+    r = req("guided-json-object", max_tokens=64)
+    r.sampling.temperature = 0.0
+    r.guided.json_object.SetInParent()
+    responses = await run(served.stub, r)
+    check_stream(r, responses)
+    text, _ = text_and_ids(responses)
+    assert text.lstrip().startswith("{"), text
+    if finishes(responses)[0].reason == g.FINISH_REASON_STOP:
+        assert isinstance(__import__("json").loads(text), dict)
+
+
+async def test_priority_accepted(served):
+    r = greedy(req("prio", max_tokens=3))
+    r.priority = 7
+    responses = await run(served.stub, r)
+    check_stream(r, responses)
+    assert finishes(responses)[0].reason == g.FINISH_REASON_LENGTH
