@@ -34,6 +34,10 @@ CPU_ENGINE = dict(device="cpu", attention_backend="torch_native", disable_cuda_g
                   disable_overlap_schedule=True, sampling_backend="pytorch", grammar_backend="xgrammar",
                   skip_server_warmup=True, max_total_tokens=8192, log_level="warning", random_seed=0)
 PAGE_SIZE = 4
+# The same recipe as sidecar / `sglang serve` flags.
+CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
+             "--disable-overlap-schedule", "--sampling-backend", "pytorch", "--grammar-backend", "none",
+             "--skip-server-warmup", "--max-total-tokens", "8192", "--page-size", str(PAGE_SIZE))
 
 
 def free_port() -> int:

@@ -6,20 +6,16 @@ import asyncio
 import json
 
 import pytest
+from conftest import CPU_FLAGS, free_port
 from sidecar import drain_output, launch, stop
 
 from conformance import run_suite_async
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 ADMISSION_LIMIT = 4
-CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
-             "--disable-overlap-schedule", "--sampling-backend", "pytorch", "--grammar-backend", "none",
-             "--skip-server-warmup", "--max-total-tokens", "8192", "--page-size", "4")
 
 
 async def test_conformance_suite_on_sglang(model_dir):
-    from conftest import free_port
-
     kv = {"publisher": "zmq", "endpoint": f"tcp://*:{free_port()}", "replay_endpoint": f"tcp://*:{free_port()}",
           "topic": "kv"}
     proc, target, lines = await launch(

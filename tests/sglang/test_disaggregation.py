@@ -10,28 +10,45 @@ goes through SGLang's decode queues and generates without received KV.
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 import pytest_asyncio
-from conftest import engine_kwargs, serve_sglang
+from conftest import CPU_FLAGS
 from helpers import collect, expect_status
+from sidecar import drain_output, launch, stop
 from stream_contract import check_generate_stream
 
-from openengine_adapters.v1 import engine_pb2, kv_pb2, lifecycle_pb2
+from openengine_adapters.v1 import engine_pb2, kv_pb2, lifecycle_pb2, openengine_pb2_grpc
 from openengine_adapters.v1 import generation_pb2 as g
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 FAKE_HOST = "2.2.2.2"  # SGLang's FAKE_BOOTSTRAP_HOST: the fake backend transfers nothing
 
 
+class Sidecar:
+    def __init__(self, channel):
+        self.stub = openengine_pb2_grpc.OpenEngineStub(channel)
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def decode(model_dir):
-    """A real DECODE engine on SGLang's fake transfer backend (SGLang refuses ``fake`` for PREFILL)."""
-    # host_pool retraction backup (the decode default) pins host memory with cudaHostRegister
-    kw = engine_kwargs(model_dir, disaggregation_mode="decode", disaggregation_transfer_backend="fake",
-                       disaggregation_decode_retraction_backup="cpu_tensor")
-    async with serve_sglang(kw) as served:
-        yield served
+    """A real DECODE engine on SGLang's fake transfer backend (SGLang refuses ``fake`` for PREFILL),
+    served by the sidecar in its own process: ``Engine.shutdown`` kills every child process of the
+    process it runs in, so a second in-process engine would take the session's engine down with it.
+    ``host_pool`` retraction backup (the decode default) pins host memory with cudaHostRegister."""
+    proc, target, lines = await launch(
+        "--model-path", str(model_dir), "--served-model-name", "tiny", *CPU_FLAGS,
+        "--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "fake",
+        "--disaggregation-decode-retraction-backup", "cpu_tensor", "--advertise-host", "127.0.0.1")
+    reader = asyncio.ensure_future(drain_output(proc, lines))
+    try:
+        async with grpc.aio.insecure_channel(target) as channel:
+            yield Sidecar(channel)
+    finally:
+        assert await stop(proc) == 0, "".join(lines[-40:])
+        reader.cancel()
 
 
 def req(rid, **kw):

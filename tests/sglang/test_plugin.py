@@ -6,22 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
-import os
-import sys
 
 import grpc
 import pytest
-from conftest import free_port
+from conftest import CPU_FLAGS, free_port
 from helpers import collect
-from sidecar import ROOT, drain_output, stop
+from sidecar import drain_output, spawn, stop
 
 from openengine_adapters.v1 import engine_pb2, openengine_pb2_grpc
 from openengine_adapters.v1 import generation_pb2 as g
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
-             "--disable-overlap-schedule", "--sampling-backend", "pytorch", "--grammar-backend", "none",
-             "--skip-server-warmup", "--max-total-tokens", "8192")
 
 
 def test_entry_point_registered():
@@ -39,13 +34,9 @@ def test_register_is_off_without_the_variable(monkeypatch):
 
 async def test_grpc_inside_sglang_http_server(model_dir):
     grpc_port, http_port = free_port(), free_port()
-    env = {**os.environ, "OPENENGINE_GRPC_PORT": str(grpc_port), "OPENENGINE_GRPC_HOST": "127.0.0.1",
-           "OPENENGINE_DRAIN_GRACE_S": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir), "--served-model-name", "tiny",
-        "--host", "127.0.0.1", "--port", str(http_port), *CPU_FLAGS,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env)
+    env = {"OPENENGINE_GRPC_PORT": str(grpc_port), "OPENENGINE_GRPC_HOST": "127.0.0.1", "OPENENGINE_DRAIN_GRACE_S": "1"}
+    proc = spawn("-m", "sglang.launch_server", "--model-path", str(model_dir), "--served-model-name", "tiny",
+                 "--host", "127.0.0.1", "--port", str(http_port), *CPU_FLAGS, env=env)
     lines: list[str] = []
     reader = asyncio.ensure_future(drain_output(proc, lines))
     try:
@@ -53,7 +44,7 @@ async def test_grpc_inside_sglang_http_server(model_dir):
             stub = openengine_pb2_grpc.OpenEngineStub(channel)
             info = None
             for _ in range(600):
-                assert proc.returncode is None, "sglang exited:\n" + "".join(lines[-40:])
+                assert proc.poll() is None, "sglang exited:\n" + "".join(lines[-40:])
                 try:
                     info = await stub.GetEngineInfo(engine_pb2.GetEngineInfoRequest(), timeout=1)
                     break
