@@ -28,8 +28,9 @@ FAKE_HOST = "2.2.2.2"  # SGLang's FAKE_BOOTSTRAP_HOST: the fake backend transfer
 
 
 class Sidecar:
-    def __init__(self, channel):
+    def __init__(self, channel, target):
         self.stub = openengine_pb2_grpc.OpenEngineStub(channel)
+        self.target = target
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -45,7 +46,7 @@ async def decode(model_dir):
     reader = asyncio.ensure_future(drain_output(proc, lines))
     try:
         async with grpc.aio.insecure_channel(target) as channel:
-            yield Sidecar(channel)
+            yield Sidecar(channel, target)
     finally:
         assert await stop(proc) == 0, "".join(lines[-40:])
         reader.cancel()
@@ -95,3 +96,12 @@ async def test_decode_rejects_bad_sessions(decode):
 async def test_decode_health_probe(decode):
     resp = await decode.stub.Health(lifecycle_pb2.HealthRequest(include_inference_probe=True))
     assert resp.state == lifecycle_pb2.HEALTH_STATE_READY, resp
+
+
+async def test_conformance_suite_on_the_decode_role(decode):
+    from conformance import run_suite_async
+
+    report = await run_suite_async(decode.target, "tiny", check_timeout_s=120)
+    print(report.table())
+    assert not report.failures(), "\n".join(f"{r.name}: {r.reason}" for r in report.failures())
+    assert report.passed >= 20, f"only {report.passed} checks passed"
