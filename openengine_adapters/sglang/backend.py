@@ -405,7 +405,7 @@ class SglangBackend(be.EngineBackend):
             if delta is not None:
                 chunk.outputs.append(delta)
 
-        def ended(chunk: be.GenerationChunk) -> bool:
+        def ended() -> bool:
             """All outputs done; raises for an SGLang failure, returns on a plain abort (the
             service reports CANCELLED for an Abort / its error otherwise)."""
             for t in translators:
@@ -420,7 +420,7 @@ class SglangBackend(be.EngineBackend):
             chunk = be.GenerationChunk()
             for i, out in enumerate(firsts):
                 convert(i, out, chunk)
-            finished = ended(chunk)
+            finished = ended()
             if any(t.aborted is not None for t in translators):
                 return
             if finished and self.role == EngineRole.PREFILL:
@@ -432,7 +432,7 @@ class SglangBackend(be.EngineBackend):
                 async for out in gens[0]:
                     chunk = be.GenerationChunk()
                     convert(0, out, chunk)
-                    finished = ended(chunk)
+                    finished = ended()
                     if translators[0].aborted is not None:
                         return
                     if finished and self.role == EngineRole.PREFILL:
@@ -474,7 +474,7 @@ class SglangBackend(be.EngineBackend):
                             for name in ("prompt_tokens", "cached_prompt_tokens", "reasoning_tokens", "prompt"):
                                 if getattr(item, name) is not None:
                                     setattr(chunk, name, getattr(item, name))
-                    finished = ended(chunk)
+                    finished = ended()
                     if any(t.aborted is not None for t in translators):
                         return
                     if chunk.outputs or chunk.prompt is not None:
