@@ -1,8 +1,11 @@
-"""Developer and CI sessions. `nox -s lint unit vllm` is the test command CI runs (.ci/run)."""
+"""Developer and CI sessions. `nox -s lint unit vllm sglang` is the test command CI runs (.ci/run)."""
+
+from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["lint", "unit", "vllm"]
+nox.options.sessions = ["lint", "unit", "vllm", "sglang"]
+SGLANG_TESTS = Path(__file__).resolve().parent / "tests" / "sglang"
 nox.options.reuse_existing_virtualenvs = True
 
 
@@ -22,6 +25,24 @@ def vllm(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "tests/vllm", "-p", "no:cacheprovider", *session.posargs,
                 env={"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
                      "TRANSFORMERS_OFFLINE": "1"})
+
+
+@nox.session
+def sglang(session: nox.Session) -> None:
+    """The SGLang adapter against the real SGLang engine on CPU (tiny model made at test time).
+
+    PyPI's sglang pins CUDA-only packages, so its environment is built by hand (engines/sglang.md,
+    "Running it on these machines"): the CPU torch, sglang and a few packages with --no-deps
+    (tests/sglang/requirements-nodeps.txt), then its pure-Python needs (tests/sglang/requirements.txt).
+    tests/sglang/shims (an import-only sgl_kernel stand-in and a sitecustomize declaring two
+    torchvision op schemas) is put on PYTHONPATH here only: test environment, never the product.
+    """
+    session.install("torch==2.13.0")  # the CPU build (found locally on these machines)
+    session.install("--no-deps", "-r", str(SGLANG_TESTS / "requirements-nodeps.txt"))
+    session.install("-r", str(SGLANG_TESTS / "requirements.txt"), "-e", ".[test]")
+    session.run("python", "-m", "pytest", "tests/sglang", "-p", "no:cacheprovider", *session.posargs,
+                env={"PYTHONPATH": str(SGLANG_TESTS / "shims"), "SGLANG_USE_CPU_ENGINE": "1",
+                     "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
 
 
 @nox.session

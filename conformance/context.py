@@ -178,6 +178,7 @@ class Ctx:
         self._ids = itertools.count(1)
         self._run = os.urandom(3).hex()
         self._baseline: Baseline | None = None
+        self._seed_supported: bool | None = None
 
     async def open(self) -> None:
         self.channel = grpc.aio.insecure_channel(self.target)
@@ -313,6 +314,27 @@ class Ctx:
             expect(fin.reason == G.FINISH_REASON_LENGTH, "greedy baseline with ignore_eos did not end with LENGTH")
             self._baseline = Baseline(text, ids)
         return self._baseline
+
+    async def seed_supported(self) -> bool:
+        """Whether the target takes ``sampling.seed``. The schema has no seed capability, so a target
+        that cannot honour a seed must refuse it before acceptance with INVALID_ARGUMENT naming the
+        field (SGLang without deterministic inference); probed once, and that refusal is checked."""
+        if self._seed_supported is None:
+            req = self.request("seedprobe", max_tokens=1, sampling=G.SamplingParams(temperature=1.0, seed=1))
+            try:
+                await self.generate(req)
+                self._seed_supported = True
+            except grpc.aio.AioRpcError as exc:
+                expect(exc.code() == grpc.StatusCode.INVALID_ARGUMENT and "seed" in (exc.details() or ""),
+                       f"a seeded request failed with {exc.code().name}: {exc.details()} (an unsupported seed "
+                       "must be INVALID_ARGUMENT naming sampling.seed)")
+                self._seed_supported = False
+        return self._seed_supported
+
+    async def seed(self, value: int) -> dict:
+        """``{"seed": value}`` when the target takes seeds, else ``{}`` (for checks that only use a seed
+        to make sampling reproducible)."""
+        return {"seed": value} if await self.seed_supported() else {}
 
     async def running_requests(self) -> int | None:
         load = await self.stub.GetLoad(observability_pb2.GetLoadRequest(), timeout=10)

@@ -202,7 +202,8 @@ async def num_sequences(ctx):
     if not g.HasField("max_num_sequences") or g.max_num_sequences < 2:
         raise Skip("max_num_sequences not advertised >= 2")
     n = min(3, g.max_num_sequences)
-    req = ctx.request("n", max_tokens=4, sampling=G.SamplingParams(temperature=1.0, seed=7, num_sequences=n))
+    req = ctx.request("n", max_tokens=4, sampling=G.SamplingParams(temperature=1.0, num_sequences=n,
+                                                                          **await ctx.seed(7)))
     s = await ctx.run(req)
     expect(s.error is None, f"EngineError: {s.error}")
     expect(sorted(s.finished) == list(range(n)), f"finished indexes {sorted(s.finished)} != 0..{n - 1}")
@@ -216,8 +217,8 @@ async def num_sequences_over(ctx):
     g = ctx.gen_caps()
     if not g.HasField("max_num_sequences"):
         raise Skip("max_num_sequences not advertised")
-    req = ctx.request("nover", sampling=G.SamplingParams(temperature=1.0, seed=1,
-                                                         num_sequences=g.max_num_sequences + 1))
+    req = ctx.request("nover", sampling=G.SamplingParams(temperature=1.0, num_sequences=g.max_num_sequences + 1,
+                                                         **await ctx.seed(1)))
     await ctx.gen_rejected(req, what=f"num_sequences {g.max_num_sequences + 1}")
 
 

@@ -27,6 +27,8 @@ async def greedy(ctx):
 async def seeded(ctx):
     """temperature>0 with the same seed twice gives the same tokens."""
     ctx.require_generation()
+    if not await ctx.seed_supported():
+        raise Skip("the target refuses sampling.seed (INVALID_ARGUMENT, checked)")
     sp = G.SamplingParams(temperature=1.0, top_p=1.0, seed=1234)
     a = await _ids(ctx, "seed", sp)
     b = await _ids(ctx, "seed", sp)
@@ -40,6 +42,8 @@ async def seeded_n(ctx):
     g = ctx.gen_caps()
     if not g.HasField("max_num_sequences") or g.max_num_sequences < 2:
         raise Skip("max_num_sequences not advertised >= 2")
+    if not await ctx.seed_supported():
+        raise Skip("the target refuses sampling.seed (INVALID_ARGUMENT, checked)")
     sp = G.SamplingParams(temperature=1.0, seed=99, num_sequences=2)
     a = await _ids(ctx, "seedn", sp, 2)
     b = await _ids(ctx, "seedn", sp, 2)
@@ -51,5 +55,5 @@ async def explicit_params(ctx):
     """The common sampling knobs (top_p, top_k, min_p, penalties) are accepted and the stream is well-formed."""
     ctx.require_generation()
     sp = G.SamplingParams(temperature=0.7, top_p=0.9, top_k=20, min_p=0.01, frequency_penalty=0.1,
-                          presence_penalty=0.1, repetition_penalty=1.05, seed=5)
+                          presence_penalty=0.1, repetition_penalty=1.05, **await ctx.seed(5))
     await _ids(ctx, "knobs", sp)

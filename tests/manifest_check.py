@@ -1,4 +1,5 @@
-"""Compare what a running vLLM server advertises in GetModelInfo with adapters/vllm/manifest.json."""
+"""Compare what a running server advertises in GetModelInfo with adapters/<engine>/manifest.json
+(shared by the real-engine suites: tests/vllm, tests/sglang)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ from pathlib import Path
 
 from openengine_adapters.v1 import model_pb2, tasks_pb2
 
-MANIFEST = json.loads((Path(__file__).resolve().parents[2] / "adapters" / "vllm" / "manifest.json").read_text())
+ADAPTERS = Path(__file__).resolve().parents[1] / "adapters"
+
+
+def manifest(engine: str) -> dict:
+    return json.loads((ADAPTERS / engine / "manifest.json").read_text())
+
+
 M = model_pb2
 TOP_N, TOKEN_IDS, ALL = (M.CANDIDATE_TOKEN_SELECTION_MODE_TOP_N, M.CANDIDATE_TOKEN_SELECTION_MODE_TOKEN_IDS,
                          M.CANDIDATE_TOKEN_SELECTION_MODE_ALL)
@@ -50,10 +57,10 @@ for _mode in ("json_schema", "regex", "ebnf_grammar", "structural_tag", "choice"
         lambda i, m=getattr(M, f"GUIDED_DECODING_MODE_{_mode.upper()}"): m in i.generation.guided_decoding.modes)
 
 
-def check_manifest(info: model_pb2.ModelInfo, conditions_met: set[str]) -> int:
+def check_manifest(info: model_pb2.ModelInfo, conditions_met: set[str], engine: str = "vllm") -> int:
     """Assert every checkable manifest row against the advertisement; return rows checked."""
     checked = 0
-    for row in MANIFEST["features"]:
+    for row in manifest(engine)["features"]:
         key, status = row["key"], row["status"]
         predicate = PREDICATES.get(key)
         if predicate is None or (key.startswith("generate.") and not info.HasField("generation")):

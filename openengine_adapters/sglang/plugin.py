@@ -1,0 +1,88 @@
+"""Run the OpenEngine gRPC server inside ``sglang serve``, sharing its live engine.
+
+Registered under SGLang's ``sglang.srt.plugins`` entry-point group; SGLang calls ``register()`` in
+every process it starts (``sglang serve``, ``Engine``, scheduler and detokenizer processes). It
+does nothing unless asked:
+
+    OPENENGINE_GRPC_PORT=50051 sglang serve --model-path MODEL ...
+
+Then, in the main process, it wraps the lifespan of SGLang's HTTP app: once SGLang's own startup
+ran, it serves OpenEngine gRPC on the same event loop, over the same ``TokenizerManager``; on
+shutdown it drains the gRPC server while the engine still runs.
+
+Environment: ``OPENENGINE_GRPC_PORT`` (required to start), ``OPENENGINE_GRPC_HOST`` (default
+0.0.0.0), ``OPENENGINE_ADVERTISE_HOST``, ``OPENENGINE_MAX_IN_FLIGHT``, ``OPENENGINE_DRAIN_GRACE_S``
+(default 30). ``SGLANG_PLUGINS`` (SGLang's own filter) may name ``openengine``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+
+log = logging.getLogger(__name__)
+
+PORT_ENV = "OPENENGINE_GRPC_PORT"
+HOST_ENV = "OPENENGINE_GRPC_HOST"
+MAX_IN_FLIGHT_ENV = "OPENENGINE_MAX_IN_FLIGHT"
+DRAIN_GRACE_ENV = "OPENENGINE_DRAIN_GRACE_S"
+
+_installed = False
+
+
+def enabled() -> bool:
+    return bool(os.environ.get(PORT_ENV))
+
+
+def register() -> None:
+    """SGLang's plugin hook: wrap ``sglang serve``'s app lifespan (main process, when enabled)."""
+    global _installed
+    if _installed or not enabled() or multiprocessing.current_process().name != "MainProcess":
+        return
+    from sglang.srt.entrypoints import http_server
+
+    install(http_server.app, http_server.get_global_state)
+    _installed = True
+
+
+def install(app, get_global_state) -> None:
+    inner = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app_):
+        async with inner(app_) as state:
+            server = None
+            try:
+                server = await start_server(get_global_state(), getattr(app_, "server_args", None))
+            except Exception:
+                log.exception("OpenEngine gRPC server failed to start; SGLang keeps serving HTTP")
+            try:
+                yield state
+            finally:
+                if server is not None:
+                    await server.stop(float(os.environ.get(DRAIN_GRACE_ENV, "30")))
+
+    app.router.lifespan_context = lifespan
+
+
+async def start_server(global_state, server_args=None):
+    """An OpenEngineServer over ``sglang serve``'s tokenizer manager (not owning the engine)."""
+    from openengine_adapters.server import OpenEngineServer, ServerConfig
+    from openengine_adapters.sglang.backend import SglangBackend, SglangOptions
+    from openengine_adapters.sglang.engine import sglang_version
+
+    tm = global_state.tokenizer_manager
+    server_args = server_args if server_args is not None else tm.server_args
+    names = (server_args.served_model_name,) if getattr(server_args, "served_model_name", None) else ()
+    backend = SglangBackend(tm, server_args, global_state.scheduler_info,
+                            SglangOptions(served_model_names=names,
+                                          advertise_host=os.environ.get("OPENENGINE_ADVERTISE_HOST")),
+                            version=sglang_version(), owns_engine=False)
+    max_in_flight = os.environ.get(MAX_IN_FLIGHT_ENV)
+    config = ServerConfig(host=os.environ.get(HOST_ENV, "0.0.0.0"), port=int(os.environ[PORT_ENV]),
+                          max_in_flight=int(max_in_flight) if max_in_flight else None)
+    server = await OpenEngineServer(backend, config).start()
+    log.info("OpenEngine gRPC serving the SGLang engine on %s:%d", config.host, server.port)
+    return server
