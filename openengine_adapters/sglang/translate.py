@@ -21,8 +21,9 @@ from typing import Any
 from openengine_adapters import backend as be
 from openengine_adapters.errors import EngineFailure, invalid
 from openengine_adapters.guided import choice_regex
-from openengine_adapters.trtllm.translate import stop_prefix_len
+from openengine_adapters.stop_text import stop_prefix_len
 from openengine_adapters.types import CandidateMode, ErrorCode, FinishReason, GuidedMode
+from openengine_adapters.validation.kv import struct_int
 
 # SGLang's stop-string limit (``SamplingParams.normalize``): more are refused there.
 MAX_STOP_STRINGS = 32
@@ -165,19 +166,6 @@ def request_kwargs(p: be.GenerateParams, rid: str, index: int = 0, *, max_new_to
 # --------------------------------------------------------------------------- disaggregation
 
 
-def _int(value: Any, name: str) -> int:
-    """An integer from a Struct value: numbers arrive as doubles; big ones as decimal strings."""
-    if isinstance(value, bool):
-        raise invalid(f"kv.session.attributes_struct.{name}: must be an integer, got a boolean")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and value.lstrip("-").isdigit():
-        return int(value)
-    raise invalid(f"kv.session.attributes_struct.{name}: must be an integer, got {value!r}")
-
-
 def new_bootstrap_room() -> int:
     """A random bootstrap room (SGLang's router picks them the same way: 63 random bits)."""
     return uuid.uuid4().int & (_ROOM_LIMIT - 1)
@@ -201,15 +189,15 @@ def decode_session(attributes: Mapping[str, Any]) -> dict[str, Any]:
     host = attributes["bootstrap_host"]
     if not isinstance(host, str) or not host:
         raise invalid("kv.session.attributes_struct.bootstrap_host: must be a non-empty string")
-    port = _int(attributes["bootstrap_port"], "bootstrap_port")
+    port = struct_int(attributes["bootstrap_port"], "bootstrap_port")
     if not 0 < port < 65536:
         raise invalid(f"kv.session.attributes_struct.bootstrap_port: {port} is not a port")
-    room = _int(attributes["bootstrap_room"], "bootstrap_room")
+    room = struct_int(attributes["bootstrap_room"], "bootstrap_room")
     if not 0 <= room < _ROOM_LIMIT:
         raise invalid("kv.session.attributes_struct.bootstrap_room: must be in [0, 2^63)")
     kw = {"bootstrap_host": host, "bootstrap_port": port, "bootstrap_room": room}
     if attributes.get("prefill_dp_rank") is not None:
-        rank = _int(attributes["prefill_dp_rank"], "prefill_dp_rank")
+        rank = struct_int(attributes["prefill_dp_rank"], "prefill_dp_rank")
         if rank < 0:
             raise invalid("kv.session.attributes_struct.prefill_dp_rank: must be >= 0")
         kw["disagg_prefill_dp_rank"] = rank

@@ -20,7 +20,9 @@ from typing import Any
 from openengine_adapters import backend as be
 from openengine_adapters.errors import EngineFailure, invalid
 from openengine_adapters.sampling import common_sampling_kwargs
+from openengine_adapters.stop_text import stop_prefix_len
 from openengine_adapters.types import ErrorCode, FinishReason, StorageMedium
+from openengine_adapters.validation.kv import struct_int
 
 # The DisaggregatedParams fields a PREFILL engine hands to the DECODE engine, in KvSession.attributes.
 DISAGG_ATTRIBUTES = ("ctx_request_id", "first_gen_tokens", "opaque_state", "draft_tokens")
@@ -81,23 +83,10 @@ def prompt_input(p: be.GenerateParams) -> str | dict[str, Any]:
 # --------------------------------------------------------------------------- disaggregation
 
 
-def _int(value: Any, name: str) -> int:
-    """An integer from a Struct value: numbers arrive as doubles; big ids may be decimal strings."""
-    if isinstance(value, bool):
-        raise invalid(f"kv.session.attributes_struct.{name}: must be an integer, got a boolean")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and value.lstrip("-").isdigit():
-        return int(value)
-    raise invalid(f"kv.session.attributes_struct.{name}: must be an integer, got {value!r}")
-
-
 def _int_list(value: Any, name: str) -> list[int]:
     if not isinstance(value, list | tuple):
         raise invalid(f"kv.session.attributes_struct.{name}: must be a list of token ids, got {value!r}")
-    out = [_int(v, f"{name}[{i}]") for i, v in enumerate(value)]
+    out = [struct_int(v, f"{name}[{i}]") for i, v in enumerate(value)]
     if any(v < 0 for v in out):
         raise invalid(f"kv.session.attributes_struct.{name}: token ids must be >= 0")
     return out
@@ -112,7 +101,7 @@ def decode_disaggregated(attributes: Mapping[str, Any]) -> dict[str, Any]:
                       "decode (the PrefillReady session attributes)")
     kw: dict[str, Any] = {
         "request_type": "generation_only",
-        "ctx_request_id": _int(attributes["ctx_request_id"], "ctx_request_id"),
+        "ctx_request_id": struct_int(attributes["ctx_request_id"], "ctx_request_id"),
         "first_gen_tokens": _int_list(attributes["first_gen_tokens"], "first_gen_tokens"),
     }
     if not kw["first_gen_tokens"]:
@@ -198,17 +187,6 @@ def finish(reason: str | None, stop_reason: int | str | None, token_ids: Sequenc
     if reason == "timeout":
         return FinishReason.CANCELLED, None, "timed out in the engine (allotted time exceeded)"
     return None, None, f"engine finished with {reason!r}"
-
-
-def stop_prefix_len(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
-    best = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:k]):
-                best = k
-                break
-    return best
 
 
 class _Index:

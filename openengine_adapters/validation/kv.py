@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from google.protobuf import json_format
 
 from openengine_adapters.backend import KvEndpoint, KvSession
@@ -37,3 +39,16 @@ def parse_kv_session(ref: kv_pb2.KvSessionRef, field: str, transfer_backend: str
         dp_rank=ref.dp_rank,
         attributes=attributes,
     )
+
+
+def struct_int(value: Any, name: str) -> int:
+    """An integer from a Struct value: numbers arrive as doubles; big ids may be decimal strings."""
+    if isinstance(value, bool):
+        raise invalid(f"kv.session.attributes_struct.{name}: must be an integer, got a boolean")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    raise invalid(f"kv.session.attributes_struct.{name}: must be an integer, got {value!r}")

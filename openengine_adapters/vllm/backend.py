@@ -64,6 +64,17 @@ def _engine_failure(exc: BaseException) -> EngineFailure:
     return EngineFailure(ErrorCode.INTERNAL, f"vLLM error: {type(exc).__name__}: {exc}")
 
 
+async def _next_output(collector):
+    """The request's next RequestOutput (merged deltas if several are waiting); an engine error
+    becomes an EngineFailure."""
+    try:
+        return collector.get_nowait() or await collector.get()
+    except (asyncio.CancelledError, EngineFailure):
+        raise
+    except Exception as exc:
+        raise _engine_failure(exc) from None
+
+
 class VllmBackend(be.EngineBackend):
     """Serve one ``AsyncLLM``. Build it with ``await VllmBackend.create(engine, ...)``."""
 
@@ -453,12 +464,7 @@ class VllmBackend(be.EngineBackend):
         finished = False
         try:
             while not finished:
-                try:
-                    out = collector.get_nowait() or await collector.get()
-                except (asyncio.CancelledError, EngineFailure):
-                    raise
-                except Exception as exc:
-                    raise _engine_failure(exc) from None
+                out = await _next_output(collector)
                 finished = out.finished
                 if finished and any(c.finish_reason == "abort" for c in out.outputs):
                     # an abort (ours or vLLM's own) ends the stream without a finish: the service
@@ -483,12 +489,7 @@ class VllmBackend(be.EngineBackend):
         prompt_ids = None
         try:
             while not finished:
-                try:
-                    out = collector.get_nowait() or await collector.get()
-                except (asyncio.CancelledError, EngineFailure):
-                    raise
-                except Exception as exc:
-                    raise _engine_failure(exc) from None
+                out = await _next_output(collector)
                 finished = out.finished
                 prompt_ids = prompt_ids or out.prompt_token_ids
                 if finished and any(c.finish_reason == "abort" for c in out.outputs):

@@ -9,6 +9,7 @@ import pytest
 
 from openengine_adapters import backend as be
 from openengine_adapters.errors import EngineFailure, RequestRejected
+from openengine_adapters.stop_text import stop_prefix_len
 from openengine_adapters.trtllm import translate as tr
 from openengine_adapters.types import CandidateMode, FinishReason, StorageMedium
 
@@ -74,7 +75,7 @@ def test_finish(reason, stop_reason, expected):
     ("xx", ("xyz", "xxq"), 2),
 ])
 def test_stop_prefix_len(text, stops, expected):
-    assert tr.stop_prefix_len(text, stops) == expected
+    assert stop_prefix_len(text, stops) == expected
 
 
 def test_token_logprob_topn_and_missing():
