@@ -374,6 +374,27 @@ class TrtllmBackend(be.EngineBackend):
             if handle is not None:
                 _abort(handle)
 
+    async def probe(self, model: str, role: EngineRole) -> None:
+        """AGGREGATED/PREFILL: the default probe. DECODE: one local token with no handoff (a
+        request without DisaggregatedParams is context_and_generation, which any engine serves)."""
+        if role != EngineRole.DECODE:
+            await super().probe(model, role)
+            return
+        from tensorrt_llm import SamplingParams
+
+        handle = self.llm.generate_async({"prompt_token_ids": [1]},
+                                         SamplingParams(max_tokens=1, ignore_eos=True, temperature=0.0),
+                                         streaming=False)
+        produced = 0
+        try:
+            async for out in _iterate(handle):
+                produced = max(produced, len(out.outputs[0].token_ids) if out.outputs else 0)
+        finally:
+            if produced < 1:
+                _abort(handle)
+        if produced < 1:
+            raise RuntimeError("probe produced no token")
+
     async def release_kv_session(self, session: be.KvSession) -> bool:
         """Prefill side: abort the finished context-only request, which frees the KV blocks it
         keeps for the decode engine (TensorRT-LLM frees them itself once transferred)."""

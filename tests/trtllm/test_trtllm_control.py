@@ -297,6 +297,10 @@ async def test_prefill_decode_round_trip(serve):
             await expect_status(dec.stub.Generate(gen_request(token_ids=prompt, kv=g.KvOptions(session=ref))),
                                 grpc.StatusCode.INVALID_ARGUMENT, name)
         await expect_status(dec.stub.Generate(gen_request(token_ids=prompt)), grpc.StatusCode.FAILED_PRECONDITION)
+        # the decode engine's probe: one local token, no handoff
+        health = await dec.stub.Health(lifecycle_pb2.HealthRequest(include_inference_probe=True))
+        assert health.state == lifecycle_pb2.HEALTH_STATE_READY, health
+        assert dec.llm.submitted[-1]["disagg"] is None and dec.llm.submitted[-1]["sp"].max_tokens == 1
 
 
 async def test_prefill_session_abort_releases(serve):

@@ -295,7 +295,7 @@ async def test_engine_error_after_acceptance_is_one_engine_error(serve, tmp_path
         assert s.error is not None and "cannot load LoRA" in s.error.message
 
 
-async def test_decode_probe_absent_but_aggregated_probe_runs(trt):
+async def test_aggregated_probe_runs_one_token(trt):
     resp = await trt.stub.Health(lifecycle_pb2.HealthRequest(include_inference_probe=True))
     assert resp.state == lifecycle_pb2.HEALTH_STATE_READY
     assert any(c.name == "inference_probe" and c.state == lifecycle_pb2.HEALTH_STATE_READY for c in resp.checks)
