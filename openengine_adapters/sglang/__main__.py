@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--openengine-max-top-n", type=int, default=20, help="largest top-n logprob candidates")
     group.add_argument("--openengine-max-num-sequences", type=int, default=16,
                        help="largest num_sequences (each output is one SGLang request)")
+    group.add_argument("--openengine-runtime-event-poll-s", type=float, default=0.05,
+                       help="get_loads poll period behind SubscribeRuntimeEvents (BATCH/QUEUE); 0 turns them off")
     for action in parser._actions:
         if action.dest == "model_path":
             action.required = False
@@ -74,7 +76,8 @@ async def serve(ns: argparse.Namespace, server_args) -> None:
     names = (server_args.served_model_name,) if server_args.served_model_name else ()
     options = SglangOptions(served_model_names=names, max_top_n=ns.openengine_max_top_n,
                             max_num_sequences=ns.openengine_max_num_sequences,
-                            advertise_host=ns.advertise_host)
+                            advertise_host=ns.advertise_host,
+                            runtime_event_poll_s=ns.openengine_runtime_event_poll_s)
     engine = create_engine(server_args)  # on this loop's thread: the tokenizer manager binds to it
     await run(start_backend(engine, options), config)
 

@@ -29,9 +29,10 @@ import grpc
 from openengine_adapters import backend as be
 from openengine_adapters.errors import EngineFailure, RequestRejected, invalid, unsupported
 from openengine_adapters.label_scores import label_score_result
-from openengine_adapters.sglang import translate
+from openengine_adapters.sglang import pooling, translate
 from openengine_adapters.types import (
     CandidateMode,
+    EmbeddingEncoding,
     EngineRole,
     ErrorCode,
     Feature,
@@ -60,6 +61,7 @@ class SglangOptions:
     max_num_sequences: int = 16           # n cap (each output is its own SGLang request)
     max_open_sessions: int = 4096         # handed-off prefill sessions remembered for Abort(kv_session)
     advertise_host: str | None = None     # host put in KV sessions / event sources (else auto)
+    runtime_event_poll_s: float = 0.05    # get_loads poll period of SubscribeRuntimeEvents (0 = off)
 
 
 def _arg(server_args: Any, name: str, default: Any = None) -> Any:
@@ -94,6 +96,13 @@ class SglangBackend(be.EngineBackend):
         self.deterministic = bool(_arg(sa, "enable_deterministic_inference", False))
         self.radix = not bool(_arg(sa, "disable_radix_cache", False))
         self.grammar_backend = str(_arg(sa, "grammar_backend", "none"))
+        self.pooling = pooling.describe(getattr(self.tm, "model_config", None), self.is_generation)
+        if self.pooling.kind is not None and self.radix and self.pooling.architecture in pooling.ENCODER_ONLY:
+            log.warning("%s is an encoder-only model served with SGLang's radix cache on: SGLang would reuse "
+                        "the KV of a shared prefix (wrong for bidirectional attention, and a crash with "
+                        "token type ids); its tasks are not offered until it runs with --disable-radix-cache",
+                        self.pooling.architecture)
+            self.pooling = pooling.PoolingModel(None, self.pooling.architecture)
         self.dp_size = int(_arg(sa, "dp_size", 1))
         tokenizer = getattr(self.tm, "tokenizer", None)
         self.tokenizer = tokenizer
@@ -109,13 +118,21 @@ class SglangBackend(be.EngineBackend):
         self._loras: dict[str, be.LoraAdapterInfo] = {}
         self._host = options.advertise_host
         self._card = self._build_card()
+        self._stats = None
         features = {Feature.ABORT, Feature.LOAD}
+        if self.options.runtime_event_poll_s > 0:
+            from openengine_adapters.sglang.stats import LoadPoller
+
+            self._stats = LoadPoller(self.tm, self.options.runtime_event_poll_s, self.page_size)
+            features.add(Feature.RUNTIME_EVENTS)
         if self.is_generation:
             features.add(Feature.GENERATE)
         if self.lora_on:
             features.add(Feature.LORA)
-        if self._card.tasks is not None and self._card.tasks.score is not None:
-            features.add(Feature.SCORE)
+        tasks = self._card.tasks
+        for name, feature in (("embed", Feature.EMBED), ("classify", Feature.CLASSIFY), ("score", Feature.SCORE)):
+            if tasks is not None and getattr(tasks, name) is not None:
+                features.add(feature)
         if self._kv_publishers:
             features |= {Feature.KV_EVENTS, Feature.KV_EVENT_SOURCES}
         self.features = frozenset(features)
@@ -186,6 +203,8 @@ class SglangBackend(be.EngineBackend):
                 normalizations=(ScoreNormalization.NONE, ScoreNormalization.SOFTMAX),
                 supports_label_token_scoring=True, supports_instruction=False, supports_priority=False,
                 supports_lora=False, native_scoring=False))
+        elif self.role == EngineRole.AGGREGATED:
+            tasks = self._pooling_tasks()
         model_path = str(_arg(sa, "model_path", names[0]))
         return be.ModelCard(
             model_id=model_path, served_model_name=names[0], served_model_aliases=tuple(names[1:]),
@@ -200,10 +219,36 @@ class SglangBackend(be.EngineBackend):
             generation=gen, supports_lora=self.lora_on, supports_multimodal=False, tasks=tasks,
         )
 
+    def _pooling_tasks(self) -> be.TaskSupport | None:
+        """What an ``--is-embedding`` model offers (see ``pooling``): sequence embeddings (SGLang has
+        no token-level ones), sequence classification, native cross-encoder scoring (one label)."""
+        m = self.pooling
+        if m.kind == "embed":
+            return be.TaskSupport(embed=be.EmbedSupport(
+                supported=True, input_types=TEXT_INPUTS, granularities=(Granularity.SEQUENCE,),
+                encodings=(EmbeddingEncoding.DENSE,), dimension=m.hidden_size, supports_priority=False,
+                supports_lora=False, supports_normalization=True, supports_dimension_override=m.matryoshka))
+        if m.kind != "classify" or m.num_labels < 1:
+            return None
+        classify = be.ClassifySupport(
+            supported=True, input_types=TEXT_INPUTS, granularities=(Granularity.SEQUENCE,),
+            semantics=m.classify_semantics(), max_output_values_per_item=m.num_labels, supports_priority=False,
+            supports_lora=False)
+        score = None
+        if m.cross_encoder:  # SGLang's rerank: the pair tokenized together, with token type ids
+            score = be.ScoreSupport(
+                supported=True, input_types=(TaskInputType.TEXT,), granularities=(Granularity.SEQUENCE,),
+                semantics=(ValueSemantics.RELEVANCE,), normalizations=(ScoreNormalization.NONE,),
+                supports_label_token_scoring=False, supports_instruction=False, supports_priority=False,
+                supports_lora=False, higher_is_better=True, max_output_values_per_candidate=1)
+        return be.TaskSupport(classify=classify, score=score)
+
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         self.tm.auto_create_handle_loop()
+        if self._stats is not None:
+            self._stats.start()
         if self._kv_publishers:
             from openengine_adapters.kv_events import KvEventBridge
 
@@ -212,6 +257,8 @@ class SglangBackend(be.EngineBackend):
             self._kv_bridge = bridge
 
     async def shutdown(self) -> None:
+        if self._stats is not None:
+            await self._stats.stop()
         if self._kv_bridge is not None:
             await self._kv_bridge.stop()
             self._kv_bridge = None
@@ -240,6 +287,9 @@ class SglangBackend(be.EngineBackend):
     async def probe(self, model: str, role: EngineRole) -> None:
         """A 1-token inference; PD roles use SGLang's fake bootstrap host (no peer, no transfer),
         as SGLang's own health check does."""
+        if not self.is_generation:
+            await self._encode([{"input_ids": [1]}], f"openengine-health-probe-{time.monotonic_ns()}")
+            return
         if role == EngineRole.AGGREGATED or self.role == EngineRole.AGGREGATED:
             await super().probe(model, role)
             return
@@ -291,6 +341,12 @@ class SglangBackend(be.EngineBackend):
         if self._kv_bridge is None:
             raise EngineFailure(ErrorCode.INTERNAL, "the KV-event bridge is not running")
         return self._kv_bridge.subscribe(ranks, include_snapshot, start_sequence_number)
+
+    def runtime_events(self, types):
+        if self._stats is None:
+            raise EngineFailure(ErrorCode.INTERNAL, "runtime events are off (runtime_event_poll_s = 0)")
+        wanted = set(types)
+        return self._stats.events.subscribe(lambda e: not wanted or e.type in wanted).__aiter__()
 
     # ------------------------------------------------------------------ load
 
@@ -571,9 +627,112 @@ class SglangBackend(be.EngineBackend):
     async def list_loras(self) -> list[be.LoraAdapterInfo]:
         return list(self._loras.values())
 
+    # ------------------------------------------------------------------ embed / classify / rerank
+
+    async def _encode(self, items: list[dict[str, Any]], request_id: str,
+                      dimensions: int | None = None) -> list[dict]:
+        """One SGLang ``EmbeddingReqInput`` per item (``text``, ``input_ids`` or a cross-encoder
+        ``pair`` [query, document]), run concurrently (SGLang batches them), with rids that cannot
+        prefix one another; Abort(request_id) reaches them and a cancelled call aborts them."""
+        from sglang.srt.managers.io_struct import EmbeddingReqInput
+
+        rids = translate.engine_rids(request_id, len(items))
+        done: set[str] = set()
+
+        async def one(rid: str, item: dict[str, Any]) -> dict:
+            pair = "pair" in item  # SGLang takes a [query, document] pair only as a batch of pairs
+            kw = {"text": [item["pair"]], "rid": [rid], "is_cross_encoder_request": True} if pair else \
+                {**item, "rid": rid}
+            out = await self.tm.generate_request(EmbeddingReqInput(dimensions=dimensions, **kw), None).__anext__()
+            if pair:
+                (out,) = out
+            done.add(rid)
+            reason = (out.get("meta_info") or {}).get("finish_reason") or {}
+            if reason.get("type") == "abort":
+                raise translate.abort_failure(reason) or EngineFailure(ErrorCode.CANCELLED, "aborted")
+            return out
+
+        self._live[request_id] = rids
+        try:
+            return list(await asyncio.gather(*(one(r, it) for r, it in zip(rids, items, strict=True))))
+        except (RequestRejected, EngineFailure):
+            raise
+        except ValueError as exc:
+            where = "options.dimensions" if dimensions is not None and "dimension" in str(exc).lower() else "inputs"
+            raise invalid(f"{where}: rejected by SGLang: {exc}") from None
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise EngineFailure(ErrorCode.INTERNAL, f"SGLang encode failed: {type(exc).__name__}: {exc}") from None
+        finally:
+            for rid in rids:
+                if rid not in done:
+                    self._abort_rid(rid)
+            if self._live.get(request_id) is rids:
+                del self._live[request_id]
+
+    @staticmethod
+    def _item(it: be.TaskItem) -> dict[str, Any]:
+        return {"input_ids": list(it.token_ids)} if it.token_ids is not None else {"text": it.text}
+
+    async def embed(self, p: be.EmbedParams) -> be.EmbedResult:
+        """SGLang's pooler truncates to ``dimensions`` then L2-normalizes: ``normalize=True`` is
+        re-applied here (exact unit norm), ``normalize=False`` cannot be honoured."""
+        if p.normalize is False:
+            raise invalid(f"options.normalize: false cannot be honoured: SGLang's {self.pooling.architecture} "
+                          "pooler returns L2-normalized embeddings and the raw vector is not recoverable")
+        outs = await self._encode([self._item(it) for it in p.inputs], p.context.request_id, p.dimensions)
+        results, total = [], 0
+        for out in outs:
+            vec = pooling.values(out)
+            if p.normalize:
+                vec = pooling.l2_normalize(vec)
+            total += int(out["meta_info"].get("prompt_tokens") or 0)
+            results.append(be.Embedding(Granularity.SEQUENCE, be.DenseTensor((len(vec),), vec)))
+        return be.EmbedResult(results, be.TaskUsageData(total))
+
+    async def classify(self, p: be.ClassifyParams) -> be.ClassifyResult:
+        """SGLang returns the head's raw logits; PROBABILITIES (the default) is softmax across the
+        labels, or a sigmoid per label for one label / multi-label models."""
+        m = self.pooling
+        semantics = p.semantics or m.classify_semantics()[0]
+        outs = await self._encode([self._item(it) for it in p.inputs], p.context.request_id)
+        results, total = [], 0
+        for out in outs:
+            vals = pooling.values(out)
+            if semantics == ValueSemantics.PROBABILITIES:
+                vals = pooling.probabilities(vals, sigmoid=m.num_labels == 1 or m.multi_label)
+            total += int(out["meta_info"].get("prompt_tokens") or 0)
+            labels = m.labels if len(m.labels) == len(vals) else ()
+            results.append(be.Classification(Granularity.SEQUENCE, semantics, be.DenseTensor((len(vals),), vals),
+                                             labels))
+        return be.ClassifyResult(results, be.TaskUsageData(total))
+
+    async def _rerank(self, p: be.ScoreParams) -> be.ScoreResult:
+        """Cross-encoder relevance: SGLang's rerank path (``is_cross_encoder_request``: query and
+        document tokenized as one pair with token type ids), the head's logit per pair."""
+        pairs = [{"pair": [g.query.text, c.text]} for g in p.groups for c in g.candidates]
+        outs = await self._encode(pairs, p.context.request_id)
+        groups, k, total = [], 0, 0
+        for g in p.groups:
+            row = []
+            for _ in g.candidates:
+                (value,) = pooling.values(outs[k])
+                total += int(outs[k]["meta_info"].get("prompt_tokens") or 0)
+                row.append(be.CandidateScore(be.DenseTensor((1,), [value])))
+                k += 1
+            groups.append(row)
+        return be.ScoreResult(groups, Granularity.SEQUENCE, ValueSemantics.RELEVANCE, ScoreNormalization.NONE,
+                              higher_is_better=True, usage=be.TaskUsageData(total))
+
     # ------------------------------------------------------------------ score
 
     async def score(self, p: be.ScoreParams) -> be.ScoreResult:
+        if not self.is_generation:
+            return await self._rerank(p)  # the card offers only native scoring then
+        return await self._label_score(p)
+
+    async def _label_score(self, p: be.ScoreParams) -> be.ScoreResult:
         """Label-token scoring with SGLang's ``async_score``: the next-token log-probabilities of
         the label tokens after query + candidate (SGLang's ``token_logprobs``), softmaxed across
         the labels on request by the shared ``label_score_result``."""

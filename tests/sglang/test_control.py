@@ -165,3 +165,32 @@ async def test_model_info_agrees_with_manifest(served):
     checked = check_manifest(mi, {"generate.cache_salt", "score.label_tokens", "generate.priority", *guided},
                              engine="sglang")
     assert checked >= 25
+
+
+async def test_runtime_events_batch_and_queue_from_load_snapshots(served):
+    """BATCH / QUEUE from polls of SGLang's load snapshots (no FORWARD_PASS: SGLang has no
+    per-step source the tokenizer process can see)."""
+    events = served.stub.SubscribeRuntimeEvents(observability_pb2.SubscribeRuntimeEventsRequest(
+        types=[observability_pb2.RUNTIME_EVENT_TYPE_BATCH, observability_pb2.RUNTIME_EVENT_TYPE_QUEUE]))
+    call = served.stub.Generate(g.GenerateRequest(
+        request_id="rt-events", model="tiny", prompt="the cat sees the dog",
+        stopping=g.StoppingOptions(max_tokens=64, ignore_eos=True)))
+    busy, queue_seen, types = None, False, set()
+    async with asyncio.timeout(30):
+        async for msg in events:
+            ev = msg.runtime_event
+            types.add(ev.type)
+            attrs = dict(ev.attributes)
+            assert attrs["data_parallel_rank"] == "0" and ev.event_id.startswith("sglang-")
+            if ev.type == observability_pb2.RUNTIME_EVENT_TYPE_QUEUE:
+                queue_seen = True
+            elif int(attrs["running_requests"]) >= 1:
+                busy = attrs
+            if busy is not None and queue_seen:
+                break
+    events.cancel()
+    assert int(busy["used_kv_tokens"]) > 0 and int(busy["max_kv_tokens"]) > 0
+    assert int(busy["used_kv_blocks"]) == -(-int(busy["used_kv_tokens"]) // PAGE_SIZE)
+    assert 0.0 < float(busy["kv_cache_usage"]) <= 1.0
+    assert types <= {observability_pb2.RUNTIME_EVENT_TYPE_BATCH, observability_pb2.RUNTIME_EVENT_TYPE_QUEUE}
+    await read_rest(call)
