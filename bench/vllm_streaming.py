@@ -254,7 +254,7 @@ async def main() -> None:
     STREAM_INTERVAL = args.stream_interval
     model = args.model
     if model is None:
-        from openengine_adapters.vllm.demo_model import build_tiny_llama
+        from openengine_adapters.demo_model import build_tiny_llama
 
         model = str(build_tiny_llama(Path(tempfile.gettempdir()) / "openengine-bench-llama"))
     results: dict[str, list[Result]] = {}

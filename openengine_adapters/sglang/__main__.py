@@ -58,7 +58,7 @@ def server_args_from(ns: argparse.Namespace):
 
 def demo_defaults(ns: argparse.Namespace) -> None:
     """No --model-path: build and serve the random-weight demo model, sized for a CPU."""
-    from openengine_adapters.vllm.demo_model import build_tiny_llama
+    from openengine_adapters.demo_model import build_tiny_llama
 
     path = build_tiny_llama(DEMO_DIR)
     ns.model_path = str(path)

@@ -40,7 +40,7 @@ def build_parser():
 
 def demo_defaults(ns: argparse.Namespace) -> None:
     """No --model: build and serve the random-weight demo model, sized for a CPU."""
-    from openengine_adapters.vllm.demo_model import build_tiny_llama
+    from openengine_adapters.demo_model import build_tiny_llama
 
     path = build_tiny_llama(DEMO_DIR)
     ns.model = str(path)

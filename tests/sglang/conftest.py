@@ -48,7 +48,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
-    from openengine_adapters.vllm.demo_model import build_tiny_llama  # engine-agnostic builder
+    from openengine_adapters.demo_model import build_tiny_llama  # engine-agnostic builder
 
     return build_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama")
 

@@ -58,14 +58,14 @@ def minilm():
 
 @pytest.fixture(scope="module")
 def classifier_dir(tmp_path_factory):
-    from openengine_adapters.vllm.demo_model import build_tiny_classifier
+    from openengine_adapters.demo_model import build_tiny_classifier
 
     return build_tiny_classifier(tmp_path_factory.mktemp("models") / "tiny-classifier")
 
 
 @pytest.fixture(scope="module")
 def cross_encoder_dir(tmp_path_factory):
-    from openengine_adapters.vllm.demo_model import build_tiny_cross_encoder
+    from openengine_adapters.demo_model import build_tiny_cross_encoder
 
     path = build_tiny_cross_encoder(tmp_path_factory.mktemp("models") / "tiny-cross-encoder")
     # SGLang 0.5.23's BertEmbedding reads config.position_embedding_type, which transformers 5 no

@@ -29,7 +29,7 @@ from openengine_adapters.v1 import openengine_pb2_grpc  # noqa: E402
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
-    from openengine_adapters.vllm.demo_model import build_tiny_llama
+    from openengine_adapters.demo_model import build_tiny_llama
 
     return build_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama")
 
@@ -100,6 +100,6 @@ async def serve_vllm(args, **config):
 @pytest.fixture(scope="session")
 def mm_model_dir(tmp_path_factory):
     """A tiny random-weight BLIP-2 (image + text) built locally; see ``build_tiny_blip2``."""
-    from openengine_adapters.vllm.demo_model import build_tiny_blip2
+    from openengine_adapters.demo_model import build_tiny_blip2
 
     return build_tiny_blip2(tmp_path_factory.mktemp("models") / "tiny-blip2")

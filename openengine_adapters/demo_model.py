@@ -1,7 +1,7 @@
-"""Tiny local models with random weights, for tests and demos of the vLLM adapter.
+"""Tiny local models with random weights, for tests and demos of every adapter (engine-free).
 
 Each builder writes a Hugging Face model directory (``config.json``, ``model.safetensors``,
-``tokenizer.json``, ``tokenizer_config.json``, ...) that vLLM and transformers load offline:
+``tokenizer.json``, ``tokenizer_config.json``, ...) that vLLM, SGLang and transformers load offline:
 
 - :func:`build_tiny_llama`: a ``LlamaForCausalLM`` for generation.
 - :func:`build_tiny_classifier`: a sequence classifier (``LlamaForSequenceClassification`` by
@@ -25,7 +25,7 @@ model's LM head gives a zero logit to tokens that do not decode to printable tex
 (control bytes, partial UTF-8 bytes, special tokens other than EOS), so its output is readable.
 CPU attention in vLLM needs ``head_dim >= 64``.
 
-CLI: ``python -m openengine_adapters.vllm.demo_model PATH [--kind llama|classifier|cross-encoder|blip2]``
+CLI: ``python -m openengine_adapters.demo_model PATH [--kind llama|classifier|cross-encoder|blip2]``
 prints the model directory.
 """
 
@@ -836,7 +836,7 @@ def build(path: str | os.PathLike[str], kind: str = "llama", **kwargs: Any) -> P
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m openengine_adapters.vllm.demo_model",
+        prog="python -m openengine_adapters.demo_model",
         description="Build a tiny random-weight model directory for tests and demos; prints its path.",
     )
     parser.add_argument("path", help="output directory (reused when it already holds the same model)")
