@@ -7,6 +7,8 @@ import json
 import os
 import socket
 import sys
+import time
+import urllib.error
 import urllib.request
 
 import grpc
@@ -29,11 +31,19 @@ def free_port() -> int:
 
 
 def http_completion(port: int) -> dict:
+    """uvicorn logs "Application startup complete" before its socket listens: retry a refusal."""
     body = json.dumps({"model": "tiny", "prompt": "The cat", "max_tokens": 3}).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
                                  {"content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        return json.loads(resp.read())
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                return json.loads(resp.read())
+        except urllib.error.URLError as exc:
+            if not isinstance(exc.reason, ConnectionRefusedError) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 async def test_vllm_serve_with_plugin_serves_both_protocols(model_dir):
