@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import socket
 
 import grpc
 
 from openengine_adapters.errors import ERROR_TRAILER
 from openengine_adapters.server import OpenEngineServer, ServerConfig
 from openengine_adapters.v1 import error_pb2, generation_pb2, openengine_pb2_grpc
+
+
+def free_port() -> int:
+    """A loopback port free right now (a child process may still race for it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def gen_request(prompt: str = "hi", **kw) -> generation_pb2.GenerateRequest:
@@ -63,7 +71,7 @@ class Harness:
 
 
 @contextlib.asynccontextmanager
-async def serve_backend(backend, config: dict | None = None, harness=None):
+async def serve_backend(backend, config: dict | None = None, harness=None, grace_s: float = 0.5):
     """An OpenEngine server on loopback around ``backend``; yields ``harness(server, channel, backend)``."""
     cfg = ServerConfig(host="127.0.0.1", port=0, advertise_host="127.0.0.1",
                        drain_grace_s=1.0, **(config or {}))
@@ -73,4 +81,4 @@ async def serve_backend(backend, config: dict | None = None, harness=None):
         yield (harness or Harness)(server, channel, backend)
     finally:
         await channel.close()
-        await server.stop(0.5)
+        await server.stop(grace_s)

@@ -12,11 +12,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
-import grpc
 import pytest
 import pytest_asyncio
 
@@ -26,8 +24,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.pop("OPENENGINE_GRPC_PORT", None)  # the plugin stays off in the engines made here
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from openengine_adapters.server import OpenEngineServer, ServerConfig  # noqa: E402
-from openengine_adapters.v1 import openengine_pb2_grpc  # noqa: E402
+from helpers import Harness, free_port, serve_backend  # noqa: E402
 
 # The CPU recipe of engines/sglang.md ("Running it on these machines").
 CPU_ENGINE = dict(device="cpu", attention_backend="torch_native", disable_cuda_graph=True,
@@ -38,12 +35,6 @@ PAGE_SIZE = 4
 CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
              "--disable-overlap-schedule", "--sampling-backend", "pytorch", "--grammar-backend", "none",
              "--skip-server-warmup", "--max-total-tokens", "8192", "--page-size", str(PAGE_SIZE))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -59,15 +50,11 @@ def engine_kwargs(model, **overrides):
     return kw
 
 
-class Served:
+class Served(Harness):
     def __init__(self, server, channel, backend):
-        self.server = server
-        self.service = server.service
+        super().__init__(server, channel, backend)
         self.backend = backend
         self.tm = backend.tm
-        self.channel = channel
-        self.stub = openengine_pb2_grpc.OpenEngineStub(channel)
-        self.target = f"127.0.0.1:{server.port}"
 
 
 @contextlib.asynccontextmanager
@@ -78,14 +65,8 @@ async def serve_sglang(kwargs, options=None, **config):
     engine = create_engine(**kwargs)
     backend = start_backend(engine, options or SglangOptions(served_model_names=("tiny",),
                                                               advertise_host="127.0.0.1"))
-    server = await OpenEngineServer(backend, ServerConfig(host="127.0.0.1", port=0, drain_grace_s=1.0,
-                                                          advertise_host="127.0.0.1", **config)).start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
-    try:
-        yield Served(server, channel, backend)
-    finally:
-        await channel.close()
-        await server.stop(1.0)
+    async with serve_backend(backend, config, Served, grace_s=1.0) as served:
+        yield served
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,8 @@ import asyncio
 import json
 
 import pytest
-from conftest import CPU_FLAGS, free_port
+from conftest import CPU_FLAGS
+from helpers import free_port
 from sidecar import drain_output, launch, stop
 
 from conformance import run_suite_async

@@ -9,8 +9,8 @@ import importlib.metadata
 
 import grpc
 import pytest
-from conftest import CPU_FLAGS, free_port
-from helpers import collect
+from conftest import CPU_FLAGS
+from helpers import collect, free_port
 from sidecar import drain_output, spawn, stop
 
 from openengine_adapters.v1 import engine_pb2, openengine_pb2_grpc

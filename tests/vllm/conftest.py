@@ -12,7 +12,6 @@ import os
 import sys
 from pathlib import Path
 
-import grpc
 import pytest
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -21,8 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from openengine_adapters.server import OpenEngineServer, ServerConfig  # noqa: E402
-from openengine_adapters.v1 import openengine_pb2_grpc  # noqa: E402
+from helpers import Harness, serve_backend  # noqa: E402
 
 # Test modules here declare: pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -71,15 +69,11 @@ def engine_args(model, **overrides):
     return AsyncEngineArgs(**kw)
 
 
-class Served:
+class Served(Harness):
     def __init__(self, server, channel, backend):
-        self.server = server
-        self.service = server.service
+        super().__init__(server, channel, backend)
         self.backend = backend
         self.engine = backend.engine
-        self.channel = channel
-        self.stub = openengine_pb2_grpc.OpenEngineStub(channel)
-        self.target = f"127.0.0.1:{server.port}"
 
 
 @contextlib.asynccontextmanager
@@ -87,14 +81,8 @@ async def serve_vllm(args, **config):
     from openengine_adapters.vllm.engine import start_backend
 
     backend = await start_backend(args)
-    server = await OpenEngineServer(backend, ServerConfig(host="127.0.0.1", port=0, drain_grace_s=1.0,
-                                                          advertise_host="127.0.0.1", **config)).start()
-    channel = grpc.aio.insecure_channel(server.config.host + f":{server.port}")
-    try:
-        yield Served(server, channel, backend)
-    finally:
-        await channel.close()
-        await server.stop(1.0)
+    async with serve_backend(backend, config, Served, grace_s=1.0) as served:
+        yield served
 
 
 @pytest.fixture(scope="session")

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 
 import grpc
 import pytest
 import pytest_asyncio
 from google.protobuf import json_format
-from helpers import collect, expect_status, rejection
+from helpers import collect, expect_status, free_port, rejection
 from sidecar import drain_output, launch, stop
 from stream_contract import check_generate_stream
 
@@ -30,12 +29,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 LEASE_S = 40  # kv_lease_duration: how long the prefill side keeps handed-off KV
 PROMPT = list(range(5, 300))  # 295 tokens: three 128-token blocks on CPU
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def engine_flags(model_dir, kv_role: str) -> list[str]:

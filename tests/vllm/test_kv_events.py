@@ -5,64 +5,22 @@ independently; replay, snapshot and GetKvEventSources against a real engine with
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
 import time
 
 import msgpack
 import pytest
 import pytest_asyncio
-import zmq
 from conftest import engine_args, serve_vllm
-from helpers import collect
+from helpers import collect, free_port
+from kv_raw import KIND, RawCollector, pb_hash, raw_hash
 
 from openengine_adapters.v1 import generation_pb2 as g
 from openengine_adapters.v1 import input_pb2, kv_pb2
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-KIND = {"BlockStored": "block_stored", "BlockRemoved": "block_removed", "AllBlocksCleared": "all_blocks_cleared"}
 MEDIUM = {None: kv_pb2.STORAGE_MEDIUM_UNSPECIFIED, "GPU": kv_pb2.STORAGE_MEDIUM_GPU,
           "CPU": kv_pb2.STORAGE_MEDIUM_CPU_PINNED}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RawCollector:
-    """An independent SUB socket on the engine's publisher: every ``(seq, payload)`` it sends."""
-
-    def __init__(self, address: str, topic: str):
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.SUB)
-        self.sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        self.sock.connect(address)
-        self.batches: list[tuple[int, bytes]] = []
-        self.running = True
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self):
-        while self.running:
-            if self.sock.poll(20):
-                _topic, seq, payload = self.sock.recv_multipart()
-                self.batches.append((int.from_bytes(seq, "big"), payload))
-
-    def close(self):
-        self.running = False
-        self.thread.join(2)
-        self.ctx.destroy(linger=0)
-
-
-def raw_hash(h) -> tuple[bytes, str]:
-    return (h.to_bytes(8, "big"), "int64") if isinstance(h, int) else (bytes(h), "bytes")
-
-
-def pb_hash(h) -> tuple[bytes, str]:
-    return h.value, h.encoding
 
 
 def assert_same(pb: kv_pb2.KvEventBatch, seq: int, payload: bytes) -> None:

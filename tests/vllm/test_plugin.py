@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import sys
 import time
 import urllib.error
@@ -13,7 +12,7 @@ import urllib.request
 
 import grpc
 import pytest
-from helpers import collect, read_rest
+from helpers import collect, free_port, read_rest
 from stream_contract import check_generate_stream
 
 from openengine_adapters.client import OpenEngineClient
@@ -22,12 +21,6 @@ from openengine_adapters.v1 import observability_pb2 as obs
 from openengine_adapters.v1 import openengine_pb2_grpc
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_completion(port: int) -> dict:
