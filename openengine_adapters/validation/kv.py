@@ -52,3 +52,15 @@ def struct_int(value: Any, name: str) -> int:
     if isinstance(value, str) and value.lstrip("-").isdigit():
         return int(value)
     raise invalid(f"kv.session.attributes_struct.{name}: must be an integer, got {value!r}")
+
+
+def restore_struct_ints(value: Any) -> Any:
+    """A Struct value with its integral doubles given back as ints (ports, block ids, sizes), at
+    any depth: engine handoffs read them as ints."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [restore_struct_ints(v) for v in value]
+    if isinstance(value, dict):
+        return {k: restore_struct_ints(v) for k, v in value.items()}
+    return value

@@ -370,7 +370,7 @@ class VllmBackend(be.EngineBackend):
         kw = translate.sampling_kwargs(params)
         if self.role == EngineRole.PREFILL:
             kw["max_tokens"] = 1  # the prefill's one sampled token is recomputed by the decode side
-            kv_transfer_params = self.connector.prefill_extra_args()["kv_transfer_params"]
+            kv_transfer_params = self.connector.prefill_transfer_params()
         if kv_transfer_params is not None:
             kw["extra_args"] = {**kw.get("extra_args", {}), "kv_transfer_params": kv_transfer_params}
         if params.guided is not None:

@@ -30,6 +30,7 @@ import grpc
 from openengine_adapters import backend as be
 from openengine_adapters.errors import RequestRejected, invalid, not_found
 from openengine_adapters.types import EngineRole, ErrorCode
+from openengine_adapters.validation.kv import restore_struct_ints
 
 # kv_role values that can serve each OpenEngine role
 ROLE_KV_ROLES = {
@@ -71,17 +72,6 @@ def default_role(kv_transfer_config) -> EngineRole:
 
 def prompt_digest(token_ids: Sequence[int]) -> str:
     return "blake2b-128:" + hashlib.blake2b(array("q", token_ids).tobytes(), digest_size=16).hexdigest()
-
-
-def _restore_ints(value: Any) -> Any:
-    """Struct numbers are doubles: give integral ones back as ints (ports, block ids, sizes)."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, list):
-        return [_restore_ints(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _restore_ints(v) for k, v in value.items()}
-    return value
 
 
 @dataclass(frozen=True)
@@ -127,8 +117,9 @@ class Connector:
 
     # ------------------------------------------------------------------ prefill side
 
-    def prefill_extra_args(self) -> dict[str, Any]:
-        return {"kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}}
+    def prefill_transfer_params(self) -> dict[str, Any]:
+        """What asks vLLM's connector to keep a prefill's KV for a remote decode."""
+        return {"do_remote_decode": True, "do_remote_prefill": False}
 
     def session(self, session_id: str, kv_transfer_params: Mapping[str, Any] | None,
                 prompt_token_ids: Sequence[int], dp_rank: int) -> be.KvSession:
@@ -157,7 +148,7 @@ class Connector:
         field = "kv.session.attributes_struct"
         attrs = session.attributes
         raw = attrs.get("kv_transfer_params")
-        params = _restore_ints(dict(raw)) if isinstance(raw, Mapping) else None
+        params = restore_struct_ints(dict(raw)) if isinstance(raw, Mapping) else None
         if raw is not None and params is None:
             raise invalid(f"{field}.kv_transfer_params: must be an object")
         if self.requires_params:
@@ -170,13 +161,13 @@ class Connector:
             if not params.get("do_remote_prefill"):
                 raise invalid(f"{field}.kv_transfer_params.do_remote_prefill: must be true (a handoff "
                               "from a prefill engine)")
-        tokens = _restore_ints(attrs.get("prompt_tokens"))
+        tokens = restore_struct_ints(attrs.get("prompt_tokens"))
         if tokens is not None and (not isinstance(tokens, int) or tokens < 1):
             raise invalid(f"{field}.prompt_tokens: must be a positive integer")
         digest = attrs.get("prompt_digest")
         if digest is not None and not isinstance(digest, str):
             raise invalid(f"{field}.prompt_digest: must be a string")
-        expires = _restore_ints(attrs.get("expires_unix_ms"))
+        expires = restore_struct_ints(attrs.get("expires_unix_ms"))
         if expires is not None:
             if not isinstance(expires, int):
                 raise invalid(f"{field}.expires_unix_ms: must be an integer")
