@@ -331,11 +331,10 @@ class SglangBackend(be.EngineBackend):
                 for rank in range(self.dp_size)]
 
     def kv_event_sources(self, ranks: Sequence[int]) -> list[be.KvEventSourceInfo]:
+        """Every publisher: the service keeps the ranks asked for."""
         from openengine_adapters.kv_events.sources import source_info
 
-        wanted = set(ranks)
-        return [source_info(p, self.host) for p in self._kv_publishers
-                if not wanted or p.data_parallel_rank in wanted]
+        return [source_info(p, self.host) for p in self._kv_publishers]
 
     def kv_events(self, ranks: Sequence[int], include_snapshot: bool, start_sequence_number: int):
         if self._kv_bridge is None:
