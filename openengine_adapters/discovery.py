@@ -14,6 +14,7 @@ from enum import IntEnum
 from google.protobuf import json_format
 
 from openengine_adapters import backend as be
+from openengine_adapters.types import EngineRole
 from openengine_adapters.v1 import engine_pb2, kv_pb2, model_pb2, observability_pb2
 
 
@@ -61,10 +62,24 @@ def card_problems(obj, path: str = "") -> list[str]:
     return problems
 
 
-def model_info(card: be.ModelCard) -> model_pb2.ModelInfo:
-    msg = fill(model_pb2.ModelInfo(), card, frozenset({"served_model_name"}))
+def model_info(card: be.ModelCard, role: EngineRole = EngineRole.AGGREGATED) -> model_pb2.ModelInfo:
+    msg = fill(model_pb2.ModelInfo(), card_for_role(card, role), frozenset({"served_model_name"}))
     msg.served_model_name = card.names[0]
     return msg
+
+
+def card_for_role(card: be.ModelCard, role: EngineRole) -> be.ModelCard:
+    """The card as this engine's role lets requests use it: a PREFILL engine refuses output
+    logprobs, guided decoding, several sequences and more than one token (the role rule in
+    ``validation.generate``), so it reports them as unsupported or limited, not the model's
+    support."""
+    if role != EngineRole.PREFILL:
+        return card
+    gen = card.generation
+    if gen is not None:
+        gen = dataclasses.replace(gen, output_logprobs=be.LogprobSupport(supported=False),
+                                  guided_decoding=be.GuidedSupport(supported=False), max_num_sequences=1)
+    return dataclasses.replace(card, generation=gen, max_output_tokens=1)
 
 
 def kv_connector_info(conn: be.KvConnector | None) -> kv_pb2.KvConnectorInfo:

@@ -346,7 +346,7 @@ class OpenEngineService(openengine_pb2_grpc.OpenEngineServicer):
     @_unary
     async def GetModelInfo(self, request: model_pb2.GetModelInfoRequest, context):
         card = self.catalog.resolve(request.model, required=True)
-        return discovery.model_info(card)
+        return discovery.model_info(card, self.identity.role)
 
     @_unary
     async def GetLoad(self, request: observability_pb2.GetLoadRequest, context):

@@ -126,8 +126,10 @@ async def test_role_aware_on_disaggregated_fakes(serve, role):
     failed = {r.name: r.reason for r in report.failures()}
     assert not failed, failed
     assert report.get("generate.stop_text").status == "skip"
-    want = "generate.prefill_ready" if role == EngineRole.PREFILL else "generate.decode_requires_session"
-    assert report.get(want).status == "pass", report.get(want)
+    wanted = (["generate.prefill_ready", "generate.prefill_card_matches_role"] if role == EngineRole.PREFILL
+              else ["generate.decode_requires_session"])
+    for want in wanted:
+        assert report.get(want).status == "pass", report.get(want)
 
 
 # deliberately broken servers ------------------------------------------------------------------------------

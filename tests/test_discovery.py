@@ -318,6 +318,23 @@ async def test_kv_connector_prefill(serve):
     assert engine.kv_connector == conn
 
 
+async def test_prefill_model_info_reports_what_the_role_accepts(serve):
+    """The fake model supports guided decoding and output logprobs; a PREFILL engine refuses both
+    (role rule), so its ModelInfo says supported=false, with one sequence and one output token."""
+    async with serve(None, role=EngineRole.PREFILL) as h:
+        mi = await h.stub.GetModelInfo(model_pb2.GetModelInfoRequest(model="tiny"))
+        guided = gen_request()
+        guided.guided.json_object.SetInParent()
+        await expect_status(h.stub.Generate(guided), grpc.StatusCode.FAILED_PRECONDITION, "guided")
+    gen = mi.generation
+    assert gen.output_logprobs.HasField("supported") and gen.output_logprobs.supported is False
+    assert list(gen.output_logprobs.candidate_selection_modes) == []
+    assert gen.guided_decoding.HasField("supported") and gen.guided_decoding.supported is False
+    assert list(gen.guided_decoding.modes) == []
+    assert gen.max_num_sequences == 1 and mi.max_output_tokens == 1
+    assert gen.prompt_logprobs.supported is True  # prompt logprobs still come with a prefill
+
+
 # --------------------------------------------------------------------------- KV event sources
 
 

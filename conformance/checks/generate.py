@@ -42,6 +42,32 @@ async def prefill_ready(ctx):
         expect(ep.host not in ("", "*", "0.0.0.0", "::", "[::]"), f"kv_session endpoint host {ep.host!r}")
 
 
+@check("generate.prefill_card_matches_role", "role PREFILL")
+async def prefill_card_matches_role(ctx):
+    """A PREFILL engine's ModelInfo does not advertise what its role refuses (output logprobs, guided
+    decoding, more than one sequence or output token), and it refuses those requests before acceptance."""
+    if ctx.role != engine_pb2.ENGINE_ROLE_PREFILL:
+        raise Skip(f"role {ctx.role_name} is not PREFILL")
+    mi = ctx.mi()
+    gen = mi.generation
+    expect(not gen.output_logprobs.supported, "a PREFILL engine advertises output logprobs")
+    expect(not gen.guided_decoding.supported, "a PREFILL engine advertises guided decoding")
+    expect(not gen.HasField("max_num_sequences") or gen.max_num_sequences <= 1,
+           f"a PREFILL engine advertises max_num_sequences {gen.max_num_sequences}")
+    expect(not mi.HasField("max_output_tokens") or mi.max_output_tokens <= 1,
+           f"a PREFILL engine advertises max_output_tokens {mi.max_output_tokens}")
+    codes = [c for c in C if c != C.OK]
+    lp = ctx.request("pf-lp", max_tokens=None)
+    lp.response.return_output_logprobs = True
+    guided = ctx.request("pf-guided", max_tokens=None, guided=G.GuidedDecoding(json_object=G.JsonObjectConstraint()))
+    seqs = ctx.request("pf-n", max_tokens=None, sampling=G.SamplingParams(num_sequences=2))
+    tokens = ctx.request("pf-tokens", max_tokens=None)
+    tokens.stopping.max_tokens = 2
+    for req, what in ((lp, "output logprobs"), (guided, "guided decoding"), (seqs, "num_sequences 2"),
+                      (tokens, "max_tokens 2")):
+        await ctx.gen_rejected(req, *codes, what=f"{what} on a PREFILL engine")
+
+
 @check("generate.decode_requires_session", "role DECODE")
 async def decode_requires_session(ctx):
     """A DECODE engine refuses a request without kv.session before acceptance (non-OK status)."""

@@ -154,7 +154,7 @@ class TrtllmBackend(be.EngineBackend):
         gen = be.GenerationSupport(
             prompt_logprobs=top, output_logprobs=top,
             guided_decoding=be.GuidedSupport(True, ALL_GUIDED) if self.guided_backend else be.GuidedSupport(False),
-            max_num_sequences=n_max if self.role != EngineRole.PREFILL else 1,
+            max_num_sequences=n_max,
             supports_priority=False, supports_stop_in_output=True,
             supports_cache_salt=self.block_reuse and "cache_salt" in self._accepts,
             supports_prefix_cache_bypass=False,

@@ -178,7 +178,7 @@ class VllmBackend(be.EngineBackend):
                 prompt_logprobs=self._logprob_support(explicit_ids=False),
                 output_logprobs=self._logprob_support(explicit_ids=True),
                 guided_decoding=be.GuidedSupport(True, ALL_GUIDED),
-                max_num_sequences=sc.max_num_seqs if self.role != EngineRole.PREFILL else 1,
+                max_num_sequences=sc.max_num_seqs,
                 supports_priority=sc.policy == "priority",
                 supports_stop_in_output=True,
                 supports_cache_salt=prefix,
