@@ -7,10 +7,11 @@ download), so the whole protocol can be tried on a CPU machine in one command.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 from pathlib import Path
+
+import uvloop  # a vLLM dependency
 
 from openengine_adapters.server import add_server_args, run, server_config_from_args
 from openengine_adapters.types import ROLE_BY_NAME
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     ns = build_parser().parse_args(argv)
     if ns.model is None:
         demo_defaults(ns)
-    asyncio.run(serve(ns))
+    uvloop.run(serve(ns))  # the loop vLLM's own servers run on, and so the plugin inside `vllm serve`
 
 
 if __name__ == "__main__":
