@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -24,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import grpc  # noqa: E402
+from measuring import free_port, process_cpu_s  # noqa: E402
 
 from openengine_adapters.v1 import generation_pb2, openengine_pb2_grpc  # noqa: E402
 
@@ -67,25 +66,22 @@ async def serve(port: int, step_s: float, tokens: int) -> None:
         ticker.cancel()
 
 
-def process_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def measure(port: int, server_pid: int, streams: int, seconds: float) -> None:
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     stub = openengine_pb2_grpc.OpenEngineStub(channel)
     request = generation_pb2.GenerateRequest(prompt="x")
     messages = 0
 
-    async def worker(until: float):
+    async def one():
         nonlocal messages
-        while time.perf_counter() < until:
-            async for _ in stub.Generate(request):
-                messages += 1
+        async for _ in stub.Generate(request):
+            messages += 1
 
-    await asyncio.gather(*(worker(0) for _ in range(streams)))  # warm-up: one call each
+    async def worker(until: float):
+        while time.perf_counter() < until:
+            await one()
+
+    await asyncio.gather(*(one() for _ in range(streams)))  # warm-up: one call each
     messages = 0
     server0, client0, start = process_cpu_s(server_pid), time.process_time(), time.perf_counter()
     await asyncio.gather(*(worker(start + seconds) for _ in range(streams)))
@@ -108,9 +104,7 @@ async def main() -> None:
     if args.serve:
         await serve(args.serve, args.step_ms / 1000, args.tokens)
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--serve", str(port), "--step-ms", str(args.step_ms), "--tokens", str(args.tokens),
         stdout=asyncio.subprocess.PIPE)

@@ -36,13 +36,14 @@ import argparse
 import asyncio
 import os
 import re
-import socket
 import statistics
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from measuring import free_port, process_cpu_s
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -54,26 +55,12 @@ SIZES = {  # build_tiny_llama keyword arguments
     "tiny": {},
     "small": {"vocab_size": 8192, "hidden_size": 512, "layers": 8, "heads": 8, "kv_heads": 8},
 }
-TARGETS = ("limit", "ours", "vllm-grpc")
 
 
 def engine_flags(model: str, max_seqs: int, stream_interval: int) -> list[str]:
     return ["--model", model, "--enforce-eager", "--gpu-memory-utilization", "0.2", "--max-model-len", "512",
             "--dtype", "float32", "--max-num-seqs", str(max_seqs), "--seed", "0",
             "--stream-interval", str(stream_interval)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of one process (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -117,7 +104,7 @@ async def measure(target: Target, concurrency: int, seconds: float) -> Window:
 
 # --------------------------------------------------------------------------- targets
 
-async def limit_target(flags: list[str]) -> Target:
+async def limit_target(flags: list[str], tokens: int) -> Target:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.sampling_params import RequestOutputKind, SamplingParams
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -125,7 +112,7 @@ async def limit_target(flags: list[str]) -> Target:
 
     ns = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(flags)
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs.from_cli_args(ns))
-    params = SamplingParams(max_tokens=TOKENS, ignore_eos=True, temperature=0.0,
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.0,
                             output_kind=RequestOutputKind.DELTA)
     counter = iter(range(10**9))
 
@@ -177,7 +164,7 @@ def closer(proc, reader, channel):
     return close
 
 
-async def ours_target(flags: list[str]) -> Target:
+async def ours_target(flags: list[str], tokens: int) -> Target:
     import grpc
 
     from openengine_adapters.v1 import generation_pb2 as g
@@ -190,7 +177,7 @@ async def ours_target(flags: list[str]) -> Target:
     stub = openengine_pb2_grpc.OpenEngineStub(channel)
     request = g.GenerateRequest(token_ids=input_pb2.TokenIds(ids=PROMPT_IDS),
                                 sampling=g.SamplingParams(temperature=0.0),
-                                stopping=g.StoppingOptions(max_tokens=TOKENS, ignore_eos=True))
+                                stopping=g.StoppingOptions(max_tokens=tokens, ignore_eos=True))
 
     async def one():
         start, first, n = time.perf_counter(), None, 0
@@ -204,7 +191,7 @@ async def ours_target(flags: list[str]) -> Target:
     return Target("ours", one, proc.pid, closer(proc, reader, channel))
 
 
-async def vllm_grpc_target(flags: list[str]) -> Target:
+async def vllm_grpc_target(flags: list[str], tokens: int) -> Target:
     import grpc
     from smg_grpc_proto import vllm_engine_pb2 as v
     from smg_grpc_proto import vllm_engine_pb2_grpc
@@ -226,7 +213,7 @@ async def vllm_grpc_target(flags: list[str]) -> Target:
     async def one():
         request = v.GenerateRequest(
             request_id=f"vllm-{next(counter)}", tokenized=v.TokenizedInput(input_ids=PROMPT_IDS),
-            sampling_params=v.SamplingParams(temperature=0.0, max_tokens=TOKENS, ignore_eos=True), stream=True)
+            sampling_params=v.SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True), stream=True)
         start, first, n = time.perf_counter(), None, 0
         async for resp in stub.Generate(request):
             got = len(resp.chunk.token_ids) if resp.HasField("chunk") else 0
@@ -240,19 +227,17 @@ async def vllm_grpc_target(flags: list[str]) -> Target:
 
 # --------------------------------------------------------------------------- report
 
-def _median(values):
-    return statistics.median(values) if values else float("nan")
-
-
-def report(targets: list[Target], levels: list[int], rounds: int, model: str, stream_interval: int) -> None:
-    print(f"\nmodel {model}; streams of {TOKENS} tokens, prompt {len(PROMPT_IDS)} tokens, "
+def report(targets: list[Target], levels: list[int], rounds: int, model: str, tokens: int,
+           stream_interval: int) -> None:
+    print(f"\nmodel {model}; streams of {tokens} tokens, prompt {len(PROMPT_IDS)} tokens, "
           f"stream interval {stream_interval}; medians over {rounds} interleaved rounds\n")
     print(f"{'target':<10} {'streams':>7} {'tokens/s':>10} {'TTFT p50 ms':>12} {'serving CPU us/token':>21}")
     for t in targets:
         for c in levels:
             w = t.windows[c]
-            print(f"{t.name:<10} {c:>7} {_median([x.tps for x in w]):>10.1f} "
-                  f"{_median([x.ttft_ms for x in w]):>12.1f} {_median([x.cpu_us_per_token for x in w]):>21.1f}")
+            tps, ttft, cpu = (statistics.median(getattr(x, a) for x in w)
+                              for a in ("tps", "ttft_ms", "cpu_us_per_token"))
+            print(f"{t.name:<10} {c:>7} {tps:>10.1f} {ttft:>12.1f} {cpu:>21.1f}")
     by = {t.name: t for t in targets}
 
     def paired(a: str, b: str, c: int, attr: str) -> str:
@@ -271,11 +256,7 @@ def report(targets: list[Target], levels: list[int], rounds: int, model: str, st
               f"{paired('ours', 'vllm-grpc', c, 'cpu_us_per_token'):>25}")
 
 
-TOKENS = 64
-
-
 async def main() -> None:
-    global TOKENS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="a model directory (default: built from --size)")
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
@@ -286,7 +267,6 @@ async def main() -> None:
     parser.add_argument("--skip", nargs="*", default=[], choices=["limit", "ours", "vllm"])
     parser.add_argument("--stream-interval", type=int, default=1)
     args = parser.parse_args()
-    TOKENS = args.tokens
     model = args.model
     if model is None:
         from openengine_adapters.demo_model import build_tiny_llama
@@ -301,8 +281,10 @@ async def main() -> None:
             if key in args.skip:
                 continue
             try:
-                targets.append(await make(flags))
+                targets.append(await make(flags, args.tokens))
             except ImportError:
+                if key != "vllm":
+                    raise
                 print("vLLM gRPC server skipped: pip install smg-grpc-servicer", file=sys.stderr)
         for r in range(args.rounds):
             for c in args.concurrency:
@@ -314,7 +296,7 @@ async def main() -> None:
         for t in targets:
             if t.close is not None:
                 await t.close()
-    report(targets, args.concurrency, args.rounds, model, args.stream_interval)
+    report(targets, args.concurrency, args.rounds, model, args.tokens, args.stream_interval)
 
 
 if __name__ == "__main__":
