@@ -53,6 +53,6 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def proto(session: nox.Session) -> None:
-    """Regenerate openengine_adapters/v1 from proto/ (the unit suite fails when they differ)."""
+    """Regenerate openengine_adapters/v1 and v0_1 from proto/ (the unit suite fails when they differ)."""
     session.install("grpcio-tools==1.85.1")
     session.run("python", "tools/gen_proto.py")

@@ -145,11 +145,27 @@ class ModelCard:
     reasoning_parser: str = ""
     tool_call_parser: str = ""
     tasks: TaskSupport | None = None
+    # engine-specific model metadata with no portable field (v0.1.0 ModelInfo.extra)
+    extra: Mapping[str, Any] = field(default_factory=dict, metadata={"wire": False})
 
     @property
     def names(self) -> tuple[str, ...]:
         """Every name a request may use to select this model."""
         return tuple(n for n in (self.served_model_name or self.model_id, *self.served_model_aliases) if n)
+
+
+# --------------------------------------------------------------------------- engine-specific extras
+
+
+@dataclass(frozen=True)
+class ExtraKey:
+    """One engine-specific ``GenerateRequest.extra`` key: its JSON type and what it does.
+
+    ``kind`` is one of ``bool``, ``int``, ``number``, ``string``, ``int_list``, ``string_list``.
+    """
+
+    kind: str
+    doc: str
 
 
 # --------------------------------------------------------------------------- identity / load
@@ -162,6 +178,8 @@ class Parallelism:
     data_parallel_size: int | None = None
     data_parallel_rank: int | None = None
     data_parallel_start_rank: int | None = None
+    # v0.1.0 only (revision 1's ParallelismInfo has no such field)
+    decode_context_parallel_size: int | None = field(default=None, metadata={"wire": False})
 
 
 @dataclass(frozen=True)
@@ -170,6 +188,9 @@ class EngineIdentity:
     engine_version: str
     role: EngineRole = EngineRole.AGGREGATED
     parallelism: Parallelism = field(default_factory=Parallelism)
+    max_loras: int | None = None  # resident LoRA adapters at once (v0.1.0 DeploymentCapacity)
+    # engine-specific server metadata with no portable field (v0.1.0 ServerInfo.extra)
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -198,7 +219,8 @@ class LoadSnapshot:
     prefill_batch_size: int | None = None
     decode_batch_size: int | None = None
     ranks: tuple[RankLoad, ...] = ()
-    attributes: Mapping[str, str] = field(default_factory=dict)
+    # JSON-typed values (str, int, float, bool): revision 1 sends them as strings, v0.1.0 as a Struct
+    attributes: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -392,6 +414,10 @@ class GenerateParams:
     data_parallel_rank: int | None = None
     bypass_prefix_cache: bool | None = None
     cache_salt: str | None = None
+    # v0.1.0 GenerateRequest.extra, already checked against EngineBackend.request_extra
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    # W3C Trace Context (traceparent, tracestate) for engines that take trace headers
+    trace_headers: Mapping[str, str] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- generation output
@@ -605,6 +631,9 @@ class EngineBackend(abc.ABC):
     """
 
     features: frozenset[Feature] = frozenset()
+    # the engine-specific GenerateRequest.extra keys (v0.1.0) this adapter applies, by name; the
+    # service refuses a known key of the wrong type and ignores unknown keys, as the spec says
+    request_extra: Mapping[str, ExtraKey] = {}
 
     # identity and discovery ------------------------------------------------
     @abc.abstractmethod

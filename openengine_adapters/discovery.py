@@ -108,9 +108,21 @@ def engine_info(identity: be.EngineIdentity, instance_id: str, models: list[str]
 
 
 def load_info(snapshot: be.LoadSnapshot, instance_id: str) -> observability_pb2.LoadInfo:
-    msg = fill(observability_pb2.LoadInfo(), snapshot)
+    """Revision 1's LoadInfo: its attributes are a string map, so JSON values become text
+    (``true``/``false`` for booleans, as JSON writes them)."""
+    msg = fill(observability_pb2.LoadInfo(), snapshot, frozenset({"attributes"}))
     msg.instance_id = instance_id
+    msg.attributes.update({k: attribute_text(v) for k, v in snapshot.attributes.items()})
     return msg
+
+
+def attribute_text(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def struct_dict(struct) -> dict:
+    """A ``google.protobuf.Struct`` as plain JSON values (numbers are floats, as on the wire)."""
+    return json_format.MessageToDict(struct)
 
 
 def kv_session_ref(session: be.KvSession) -> kv_pb2.KvSessionRef:

@@ -1,4 +1,4 @@
-"""The gRPC server around an OpenEngineService: health, reflection, signals, CLI options.
+"""The gRPC server around the core: both wire surfaces, health, reflection, signals, CLI options.
 
 Every engine's launcher (``python -m openengine_adapters.<engine>``) builds its backend, then
 hands it to ``run`` with the ``ServerConfig`` parsed from the shared flags below.
@@ -19,14 +19,26 @@ from grpc_reflection.v1alpha import reflection
 from pydantic import BaseModel, Field
 
 from openengine_adapters.backend import EngineBackend
-from openengine_adapters.service import OpenEngineService, ServiceOptions
-from openengine_adapters.v1 import openengine_pb2, openengine_pb2_grpc
+from openengine_adapters.core.service import EngineService, ServiceOptions
+from openengine_adapters.schema import SURFACES
 from openengine_adapters.validation.kv import WILDCARD_HOSTS
+from openengine_adapters.wire import revision1, v0_1
 
 log = logging.getLogger(__name__)
 
 ADVERTISE_HOST_ENV = "OPENENGINE_ADVERTISE_HOST"
-OPENENGINE_SERVICE = openengine_pb2.DESCRIPTOR.services_by_name["OpenEngine"].full_name
+SURFACES_ENV = "OPENENGINE_SURFACES"  # the plugins' --surfaces
+
+
+def parse_surfaces(value: str | None) -> tuple[str, ...]:
+    """``revision-1,v0.1.0`` (or ``both``, or one of them) -> the surfaces to serve."""
+    if not value or value.strip() == "both":
+        return SURFACES
+    names = tuple(dict.fromkeys(s.strip() for s in value.split(",") if s.strip()))
+    unknown = [n for n in names if n not in SURFACES]
+    if unknown or not names:
+        raise ValueError(f"surfaces: {', '.join(unknown) or value!r} not one of {', '.join(SURFACES)} (or both)")
+    return names
 
 
 class ServerConfig(BaseModel):
@@ -43,6 +55,7 @@ class ServerConfig(BaseModel):
     probe_timeout_s: float = Field(30.0, gt=0)
     drain_grace_s: float = Field(30.0, ge=0)
     max_message_mb: int = Field(64, gt=0)
+    surfaces: tuple[str, ...] = SURFACES
 
 
 def resolve_advertise_host(bind_host: str, flag: str | None) -> str:
@@ -79,6 +92,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                        help="on SIGTERM, how long running requests may finish before abort")
     group.add_argument("--health-interval-s", type=float, default=d.health_interval_s,
                        help="how often grpc.health.v1 is refreshed from the engine")
+    group.add_argument("--surfaces", default="both",
+                       help="contract surfaces to serve on the port: revision-1 (openengine.v1.OpenEngine), "
+                            "v0.1.0 (openengine.v1.Inference + Control), or both (default)")
 
 
 def server_config_from_args(ns: argparse.Namespace) -> ServerConfig:
@@ -86,6 +102,7 @@ def server_config_from_args(ns: argparse.Namespace) -> ServerConfig:
         host=ns.host, port=ns.port, advertise_host=ns.advertise_host, instance_id=ns.instance_id,
         max_in_flight=ns.max_in_flight, retry_after_ms=ns.retry_after_ms,
         drain_grace_s=ns.drain_grace_s, health_interval_s=ns.health_interval_s,
+        surfaces=parse_surfaces(ns.surfaces),
     )
 
 
@@ -94,7 +111,7 @@ class OpenEngineServer:
 
     def __init__(self, backend: EngineBackend, config: ServerConfig) -> None:
         self.config = config
-        self.service = OpenEngineService(backend, ServiceOptions(
+        self.service = EngineService(backend, ServiceOptions(
             instance_id=config.instance_id,
             max_in_flight=config.max_in_flight,
             retry_after_ms=config.retry_after_ms,
@@ -109,11 +126,20 @@ class OpenEngineServer:
         ])
         self.grpc_health = health.aio.HealthServicer()
         self.service.health.grpc_health = self.grpc_health
-        openengine_pb2_grpc.add_OpenEngineServicer_to_server(self.service, self.grpc_server)
+        services: tuple[str, ...] = ()
+        if "revision-1" in config.surfaces:
+            services += (revision1.SERVICE,)
+        if "v0.1.0" in config.surfaces:
+            services += (v0_1.INFERENCE, v0_1.CONTROL)
+        if "revision-1" in config.surfaces:
+            revision1.register(self.service, self.grpc_server)
+        if "v0.1.0" in config.surfaces:
+            v0_1.register(self.service, self.grpc_server, services)
+        self.services = services
+        self.service.health.service_names = services
         health_pb2_grpc.add_HealthServicer_to_server(self.grpc_health, self.grpc_server)
         reflection.enable_server_reflection(
-            (OPENENGINE_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME),
+            (*services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             self.grpc_server)
         self.port = 0
         self._monitor: asyncio.Task | None = None

@@ -90,7 +90,7 @@ def default_card(**overrides) -> be.ModelCard:
         max_context_length=512, max_output_tokens=256, kv_block_size=16, total_kv_blocks=1000,
         max_running_requests=64, max_batched_tokens=2048, tokenizer_modes=("auto",),
         supports_text_input=True, supports_token_ids_input=True, generation=gen,
-        supports_lora=True, supports_multimodal=False, tasks=tasks,
+        supports_lora=True, supports_multimodal=False, tasks=tasks, extra={"fake_dtype": "char"},
     )
     fields.update(overrides)
     return be.ModelCard(**fields)
@@ -120,10 +120,17 @@ class FakeBackend(be.EngineBackend):
         self.probe_calls = 0
 
     # identity ----------------------------------------------------------------
+    # engine-specific GenerateRequest.extra keys (v0.1.0), recorded in seen_params for the tests
+    request_extra = {"fake_note": be.ExtraKey("string", "a note the fake records"),
+                     "fake_flag": be.ExtraKey("bool", "a switch the fake records"),
+                     "fake_count": be.ExtraKey("int", "a count the fake records"),
+                     "fake_ids": be.ExtraKey("int_list", "token ids the fake records")}
+
     def identity(self) -> be.EngineIdentity:
         return be.EngineIdentity("fake", "0.0.1", self.role, be.Parallelism(
             tensor_parallel_size=1, pipeline_parallel_size=1,
-            data_parallel_size=self.data_parallel_size, data_parallel_rank=0))
+            data_parallel_size=self.data_parallel_size, data_parallel_rank=0, decode_context_parallel_size=1),
+            max_loras=4, extra={"fake_build": "test", "fake_steps_per_token": 1})
 
     def models(self):
         return self.cards
@@ -425,7 +432,8 @@ class FakeBackend(be.EngineBackend):
             running_requests=len(self.running), queued_requests=0,
             active_kv_sessions=len(self.sessions) if self.role == EngineRole.PREFILL else None,
             used_kv_blocks=len(self.prefix_cache), total_kv_blocks=1000, running_tokens=None,
-            ranks=ranks if per_rank else (), attributes={"engine": "fake"})
+            ranks=ranks if per_rank else (),
+            attributes={"engine": "fake", "in_flight": len(self.running), "warm": True, "ratio": 0.5})
 
     def _publish_runtime(self, type_: RuntimeEventType, attributes: dict[str, str]) -> None:
         self.event_seq += 1

@@ -260,7 +260,8 @@ async def test_load_idle_snapshot(oe):
     assert load.HasField("total_kv_blocks") and load.total_kv_blocks == 1000
     assert not load.HasField("running_tokens"), "unavailable in this engine -> absent"
     assert not load.HasField("active_kv_sessions"), "an aggregated fake has no KV sessions to count"
-    assert dict(load.attributes) == {"engine": "fake"}
+    # revision 1's attributes are strings: JSON values as JSON writes them
+    assert dict(load.attributes) == {"engine": "fake", "in_flight": "0", "warm": "true", "ratio": "0.5"}
     assert list(load.ranks) == []
 
 

@@ -356,7 +356,7 @@ class SglangBackend(be.EngineBackend):
             raise EngineFailure(ErrorCode.INTERNAL, f"SGLang get_loads failed: {exc}") from None
         snap = translate.load_snapshot(loads, self.page_size, per_rank)
         attrs = dict(snap.attributes)
-        attrs["in_flight_requests"] = str(len(self._live))
+        attrs["in_flight_requests"] = len(self._live)
         return be.LoadSnapshot(**{**snap.__dict__, "attributes": attrs, "active_kv_sessions": self.open_kv_sessions()})
 
     # ------------------------------------------------------------------ generation

@@ -240,10 +240,10 @@ class TrtllmBackend(be.EngineBackend):
         idle = not self._live
         if not self.stats_on:
             return be.LoadSnapshot(running_requests=0 if idle else None, queued_requests=0 if idle else None,
-                                   attributes={"in_flight_requests": str(len(self._live))})
+                                   attributes={"in_flight_requests": len(self._live)})
         snap = self.stats.snapshot(idle, per_rank)
         attrs = dict(snap.attributes)
-        attrs["in_flight_requests"] = str(len(self._live))
+        attrs["in_flight_requests"] = len(self._live)
         return be.LoadSnapshot(**{**snap.__dict__, "attributes": attrs,
                                   "active_kv_sessions": self.open_kv_sessions()})
 

@@ -98,7 +98,8 @@ class StatsCollector:
             running_tokens=used * block if used is not None and block else None,
             prefill_batch_size=prefill, decode_batch_size=decode,
             ranks=(rank,) if per_rank else (),
-            attributes={"iteration": str(s.get("iter", "")), "stale": str(idle).lower()},
+            attributes={"iteration": _int(s, "iter"), "stale": idle} if _int(s, "iter") is not None
+            else {"stale": idle},
         )
 
 

@@ -1,1 +1,1 @@
-"""Generated openengine.v1 stubs (tools/gen_proto.py); do not edit."""
+"""Generated openengine.v1 revision 1 stubs; do not edit."""

@@ -19,7 +19,7 @@ from openengine_adapters.backend import (
     TaskContext,
     TaskItem,
 )
-from openengine_adapters.catalog import ModelCatalog
+from openengine_adapters.core.catalog import ModelCatalog
 from openengine_adapters.errors import (
     ErrorCode,
     RequestRejected,

@@ -13,12 +13,11 @@ import time
 from grpc_health.v1 import health, health_pb2
 
 from openengine_adapters.backend import EngineBackend, HealthCheckResult
-from openengine_adapters.drain import Lifecycle
+from openengine_adapters.core.drain import Lifecycle
 from openengine_adapters.types import EngineRole, HealthState
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = "openengine.v1.OpenEngine"
 # Which state wins when checks disagree.
 _SEVERITY = {HealthState.READY: 0, HealthState.DEGRADED: 1, HealthState.STARTING: 2,
              HealthState.NOT_READY: 3, HealthState.UNSPECIFIED: 3, HealthState.DRAINING: 4}
@@ -38,6 +37,7 @@ class HealthReporter:
         self.lifecycle = lifecycle
         self.role = role
         self.grpc_health = grpc_health
+        self.service_names: tuple[str, ...] = ()  # the served OpenEngine services, set by the server
         self.probe_timeout_s = probe_timeout_s
         self.state = HealthState.STARTING
         lifecycle.listeners.append(lambda: asyncio.ensure_future(self.refresh()))
@@ -91,7 +91,7 @@ class HealthReporter:
         serving = (health_pb2.HealthCheckResponse.SERVING
                    if state in (HealthState.READY, HealthState.DEGRADED)
                    else health_pb2.HealthCheckResponse.NOT_SERVING)
-        for name in ("", SERVICE_NAME):
+        for name in ("", *self.service_names):
             asyncio.ensure_future(self.grpc_health.set(name, serving))
 
     async def monitor(self, interval_s: float) -> None:

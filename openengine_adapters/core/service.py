@@ -1,4 +1,9 @@
-"""The engine-agnostic OpenEngine service: all 17 RPCs of openengine.v1 on one EngineBackend.
+"""The engine-agnostic core: every RPC of both wire surfaces runs here, on one EngineBackend.
+
+Its methods take and return revision-1 messages, the superset of the two contracts: the
+revision-1 surface registers it as is (``wire.revision1``), the v0.1.0 surface translates at its
+boundary (``wire.v0_1``). So both surfaces share one request table, admission, drain state and
+KV-session table, and every validation rule is written once.
 
 Every call follows validate -> admit -> register -> backend -> assemble. Anything refused before
 acceptance is a non-OK status (with the EngineError in the ``openengine-error-bin`` trailer);
@@ -9,21 +14,26 @@ the engine's work; a request's admission slot and id are held until the engine c
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
 from openengine_adapters import discovery, schema
-from openengine_adapters.admission import Admission
-from openengine_adapters.backend import EngineBackend, GenerateParams, LoraAdapterInfo
-from openengine_adapters.catalog import ModelCatalog
-from openengine_adapters.drain import Lifecycle, run_drain
+from openengine_adapters.backend import EngineBackend, GenerateParams, LoadSnapshot, LoraAdapterInfo
+from openengine_adapters.core.admission import Admission
+from openengine_adapters.core.catalog import ModelCatalog
+from openengine_adapters.core.drain import Lifecycle, run_drain
+from openengine_adapters.core.health import HealthReporter
+from openengine_adapters.core.registry import LiveRequest, RequestRegistry
+from openengine_adapters.core.stream import GenerateStream, engine_error
 from openengine_adapters.errors import (
     ERROR_TRAILER,
     RETRY_AFTER_TRAILER,
@@ -33,9 +43,6 @@ from openengine_adapters.errors import (
     invalid,
     not_found,
 )
-from openengine_adapters.health import HealthReporter
-from openengine_adapters.registry import LiveRequest, RequestRegistry
-from openengine_adapters.stream import GenerateStream, engine_error
 from openengine_adapters.task_results import classify_response, embed_response, score_response
 from openengine_adapters.types import EngineRole, ErrorCode, Feature, RuntimeEventType
 from openengine_adapters.v1 import (
@@ -44,8 +51,8 @@ from openengine_adapters.v1 import (
     lora_pb2,
     model_pb2,
     observability_pb2,
-    openengine_pb2_grpc,
 )
+from openengine_adapters.validation.extra import parse_extra
 from openengine_adapters.validation.generate import EngineContext, parse_generate
 from openengine_adapters.validation.kv import WILDCARD_HOSTS, parse_kv_session
 from openengine_adapters.validation.tasks import parse_classify, parse_embed, parse_score
@@ -118,7 +125,7 @@ def _unary(method):
     return wrapper
 
 
-class OpenEngineService(openengine_pb2_grpc.OpenEngineServicer):
+class EngineService:
     def __init__(self, backend: EngineBackend, options: ServiceOptions = ServiceOptions(),
                  admission: Admission | None = None) -> None:
         self.backend = backend
@@ -172,9 +179,12 @@ class OpenEngineService(openengine_pb2_grpc.OpenEngineServicer):
 
     # ------------------------------------------------------------------ generation
 
-    async def Generate(self, request, context) -> AsyncIterator:
+    async def Generate(self, request, context, extra: Mapping[str, Any] | None = None,
+                       trace_headers: Mapping[str, str] | None = None) -> AsyncIterator:
+        """``extra`` (v0.1.0 GenerateRequest.extra) and ``trace_headers`` (W3C Trace Context from
+        gRPC metadata) come from the v0.1.0 surface, which has no revision-1 field for them."""
         try:
-            params, entry, chunks = await self._accept_generate(request)
+            params, entry, chunks = await self._accept_generate(request, extra, trace_headers)
         except RequestRejected as r:
             await reject(context, r)
             return
@@ -233,12 +243,15 @@ class OpenEngineService(openengine_pb2_grpc.OpenEngineServicer):
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
 
-    async def _accept_generate(self, request):
+    async def _accept_generate(self, request, extra, trace_headers):
         self._require(Feature.GENERATE, "Generate")
         self.lifecycle.check_accepting()
         request_id = request.request_id or f"oe-{uuid.uuid4().hex}"
         card = self.catalog.resolve(request.model)
         params: GenerateParams = parse_generate(request, request_id, card, self._engine)
+        if extra or trace_headers:
+            params = dataclasses.replace(params, extra=parse_extra(extra or {}, self.backend.request_extra),
+                                         trace_headers=dict(trace_headers or {}))
         await self.backend.validate_generate(params)
         entry = self._admit(request_id, params.kv_session.session_id if params.kv_session else None)
         try:
@@ -348,16 +361,19 @@ class OpenEngineService(openengine_pb2_grpc.OpenEngineServicer):
         card = self.catalog.resolve(request.model, required=True)
         return discovery.model_info(card, self.identity.role)
 
+    async def load_snapshot(self, include_per_rank: bool) -> LoadSnapshot:
+        """The engine's load, always timestamped, with per-rank rows only when asked for."""
+        self._require(Feature.LOAD, "GetLoad")
+        snapshot = await self.backend.load(include_per_rank)
+        if snapshot.timestamp_unix_nanos is None:
+            snapshot = dataclasses.replace(snapshot, timestamp_unix_nanos=time.time_ns())
+        if not include_per_rank and snapshot.ranks:
+            snapshot = dataclasses.replace(snapshot, ranks=())
+        return snapshot
+
     @_unary
     async def GetLoad(self, request: observability_pb2.GetLoadRequest, context):
-        self._require(Feature.LOAD, "GetLoad")
-        snapshot = await self.backend.load(request.include_per_rank)
-        info = discovery.load_info(snapshot, self.instance_id)
-        if not info.HasField("timestamp_unix_nanos"):
-            info.timestamp_unix_nanos = time.time_ns()
-        if not request.include_per_rank:
-            del info.ranks[:]
-        return info
+        return discovery.load_info(await self.load_snapshot(request.include_per_rank), self.instance_id)
 
     # ------------------------------------------------------------------ health, abort, drain
 

@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
+from openengine_adapters.core.stream import engine_error
 from openengine_adapters.errors import EngineFailure, RequestRejected
-from openengine_adapters.stream import engine_error
 from openengine_adapters.types import ErrorCode
 from openengine_adapters.v1 import lifecycle_pb2
 
@@ -44,10 +44,12 @@ class Lifecycle:
 
     def check_accepting(self) -> None:
         if not self.accepting:
+            # retryable at once, elsewhere: the same as a stream the drain aborted
             raise RequestRejected(
                 grpc.StatusCode.UNAVAILABLE,
                 "server is draining and does not accept new requests",
                 ErrorCode.DRAINING,
+                retry_after_ms=0,
             )
 
 

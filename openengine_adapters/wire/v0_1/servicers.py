@@ -1,0 +1,209 @@
+"""v0.1.0 on the wire: ``Inference`` and ``Control``, translated at this boundary onto the core.
+
+Every call runs in the same ``EngineService`` as revision 1 (one request table, admission, drain and
+KV-session table). Requests are checked for the v0.1.0-only rules here (metadata keys, ``extra``,
+MODALITY_UNSPECIFIED), translated, and handed to the core; rejections the core raises reach the
+client with v0.1.0's EngineError in the ``openengine-error-bin`` trailer.
+
+The handlers are registered by hand (``register``) rather than through the generated
+``add_*Servicer_to_server``: wire-identical messages cross as their revision-1 twins
+(``translate.PASSTHROUGH``), and responses are serialized by whatever message they are.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+from operator import methodcaller
+
+import grpc
+
+from openengine_adapters import discovery, schema
+from openengine_adapters.core.service import EngineService, _unary, reject
+from openengine_adapters.errors import ERROR_TRAILER, RequestRejected, invalid, unsupported
+from openengine_adapters.v0_1 import (
+    generation_pb2,
+    kv_pb2,
+    lifecycle_pb2,
+    lora_pb2,
+    model_pb2,
+    openengine_pb2,
+    server_pb2,
+)
+from openengine_adapters.validation.extra import describe
+from openengine_adapters.wire.v0_1 import metadata, translate
+
+INFERENCE = openengine_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
+CONTROL = openengine_pb2.DESCRIPTOR.services_by_name["Control"].full_name
+_serialize = methodcaller("SerializeToString")
+
+
+class _Call:
+    """The call's context, with the revision-1 error trailer the core sends re-encoded for v0.1.0."""
+
+    __slots__ = ("_context",)
+
+    def __init__(self, context) -> None:
+        self._context = context
+
+    def __getattr__(self, name):
+        return getattr(self._context, name)
+
+    async def abort(self, code, details="", trailing_metadata=()):
+        trailer = tuple((k, translate.error_trailer(v) if k == ERROR_TRAILER else v) for k, v in trailing_metadata)
+        await self._context.abort(code, details, trailer)
+
+
+def _unary_call(method):
+    """A Control handler: the core's unary error funnel, answering with v0.1.0's trailer."""
+    funnel = _unary(method)
+
+    @functools.wraps(method)
+    async def handler(self, request, context):
+        return await funnel(self, request, _Call(context))
+
+    return handler
+
+
+def adapter_version() -> str:
+    try:
+        return importlib.metadata.version("openengine-adapters")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class InferenceServicer:
+    def __init__(self, core: EngineService) -> None:
+        self.core = core
+
+    def _translate(self, request: generation_pb2.GenerateRequest, context):
+        meta = metadata.parse_inference(context.invocation_metadata())
+        core = self.core
+        if meta.priority is not None:
+            card = core.catalog.resolve(request.model)
+            if not (card.generation and card.generation.supports_priority):
+                raise unsupported(f"{metadata.PRIORITY}: this model does not advertise priority "
+                                  "(GenerationCapabilities.supports_priority)")
+        if meta.target_dp_rank is not None:
+            size = core.identity.parallelism.data_parallel_size or 1
+            if meta.target_dp_rank >= size:
+                raise invalid(f"{metadata.TARGET_DP_RANK}: {meta.target_dp_rank} is out of range for "
+                              f"data_parallel_size {size}")
+            session = request.kv.session if request.kv.HasField("session") else None
+            if session is not None and session.dp_rank != meta.target_dp_rank:
+                raise invalid(f"{metadata.TARGET_DP_RANK}: {meta.target_dp_rank} disagrees with "
+                              f"kv.session.dp_rank {session.dp_rank} (the session's rank is authoritative)")
+        core_request = translate.generate_request(request, priority=meta.priority, target_dp_rank=meta.target_dp_rank,
+                                                  application=meta.application)
+        extra = discovery.struct_dict(request.extra) if request.HasField("extra") else None
+        return core_request, extra, meta.trace_headers
+
+    async def Generate(self, request: generation_pb2.GenerateRequest, context):
+        call = _Call(context)
+        try:
+            core_request, extra, trace = self._translate(request, context)
+        except RequestRejected as r:
+            await reject(call, r)
+            return
+        async for response in self.core.Generate(core_request, call, extra, trace):
+            # every event but an error is already v0.1.0's bytes (translate's docstring)
+            yield translate.generate_error(response) if response.HasField("error") else response
+
+
+class ControlServicer:
+    def __init__(self, core: EngineService, served_services: tuple[str, ...]) -> None:
+        self.core = core
+        self.served_services = served_services
+
+    def server_extra(self) -> dict:
+        extra = {"adapter": "openengine-adapters", "adapter_version": adapter_version(),
+                 "services": list(self.served_services)}
+        if "openengine.v1.OpenEngine" in self.served_services:
+            extra["revision1_schema_release"] = schema.SCHEMA_RELEASE
+        return {**self.core.identity.extra, **extra}
+
+    @_unary_call
+    async def GetServerInfo(self, request, context):
+        core = self.core
+        info = await core.GetEngineInfo(None, context)
+        cards = core.catalog.cards
+        return translate.server_info(info, core.identity, cards[0] if cards else None,
+                                     schema.V0_1_SCHEMA_RELEASE, self.server_extra())
+
+    @_unary_call
+    async def GetModelInfo(self, request, context):
+        core = self.core
+        card = core.catalog.resolve(request.model, required=True)
+        extra = dict(card.extra)
+        if core.backend.request_extra:
+            extra["request_extra_keys"] = describe(core.backend.request_extra)
+        if card.tasks is not None:
+            tasks = [name for name in ("embed", "classify", "score")
+                     if getattr(card.tasks, name) is not None and getattr(card.tasks, name).supported]
+            if tasks and "openengine.v1.OpenEngine" in self.served_services:
+                extra["revision1_tasks"] = tasks  # Embed/Classify/Score are served on revision 1
+        return translate.model_info(discovery.model_info(card, core.identity.role), extra)
+
+    @_unary_call
+    async def GetLoad(self, request, context):
+        return translate.load_info(await self.core.load_snapshot(request.include_per_rank), self.core.instance_id)
+
+    @_unary_call
+    async def Health(self, request, context):
+        return translate.health_response(await self.core.Health(request, context))
+
+    @_unary_call
+    async def Abort(self, request, context):
+        return await self.core.Abort(request, context)
+
+    @_unary_call
+    async def LoadLora(self, request, context):
+        return await self.core.LoadLora(request, context)
+
+    @_unary_call
+    async def UnloadLora(self, request, context):
+        return await self.core.UnloadLora(request, context)
+
+    @_unary_call
+    async def ListLoras(self, request, context):
+        return await self.core.ListLoras(request, context)
+
+    @_unary_call
+    async def GetKvEventSources(self, request, context):
+        return await self.core.GetKvEventSources(request, context)
+
+    async def SubscribeKvEvents(self, request, context):
+        async for response in self.core.SubscribeKvEvents(request, _Call(context)):
+            yield translate.kv_events_error(response.error) if response.HasField("error") else response
+
+
+def _handler(kind, method, request_type):
+    return kind(method, request_deserializer=request_type.FromString, response_serializer=_serialize)
+
+
+def _twin(v0_1_type):
+    return translate.PASSTHROUGH[v0_1_type]
+
+
+def register(core: EngineService, server: grpc.aio.Server, served_services: tuple[str, ...]) -> tuple[str, ...]:
+    """Serve ``openengine.v1.Inference`` and ``openengine.v1.Control`` from ``core``."""
+    inference, control = InferenceServicer(core), ControlServicer(core, served_services)
+    unary, stream = grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler
+    handlers = {
+        INFERENCE: {"Generate": _handler(stream, inference.Generate, generation_pb2.GenerateRequest)},
+        CONTROL: {
+            "GetServerInfo": _handler(unary, control.GetServerInfo, server_pb2.GetServerInfoRequest),
+            "GetModelInfo": _handler(unary, control.GetModelInfo, _twin(model_pb2.GetModelInfoRequest)),
+            "GetLoad": _handler(unary, control.GetLoad, _twin(server_pb2.GetLoadRequest)),
+            "Health": _handler(unary, control.Health, _twin(lifecycle_pb2.HealthRequest)),
+            "Abort": _handler(unary, control.Abort, _twin(lifecycle_pb2.AbortRequest)),
+            "LoadLora": _handler(unary, control.LoadLora, _twin(lora_pb2.LoadLoraRequest)),
+            "UnloadLora": _handler(unary, control.UnloadLora, _twin(lora_pb2.UnloadLoraRequest)),
+            "ListLoras": _handler(unary, control.ListLoras, _twin(lora_pb2.ListLorasRequest)),
+            "GetKvEventSources": _handler(unary, control.GetKvEventSources, _twin(kv_pb2.GetKvEventSourcesRequest)),
+            "SubscribeKvEvents": _handler(stream, control.SubscribeKvEvents, _twin(kv_pb2.SubscribeKvEventsRequest)),
+        },
+    }
+    for service, methods in handlers.items():
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, methods),))
+    return INFERENCE, CONTROL

@@ -1,0 +1,350 @@
+"""The v0.1.0 surface (openengine.v1.Inference + Control) beside revision 1, on the fake engine.
+
+One port, one core: what either surface starts, the other sees (Abort, GetLoad, drain). The
+v0.1.0-only rules: metadata keys, ``extra``, renumbered KvOptions, ErrorCode/HealthState without
+DRAINING, ServerInfo capacity, ModelInfo/LoadInfo shapes, MODALITY_UNSPECIFIED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from google.protobuf import json_format
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from helpers import collect, expect_status, gen_request, read_rest
+
+from openengine_adapters import schema
+from openengine_adapters.errors import ERROR_TRAILER
+from openengine_adapters.server import parse_surfaces
+from openengine_adapters.types import EngineRole, ErrorCode
+from openengine_adapters.v0_1 import error_pb2 as v01_error
+from openengine_adapters.v0_1 import generation_pb2 as v01_gen
+from openengine_adapters.v0_1 import kv_pb2 as v01_kv
+from openengine_adapters.v0_1 import lifecycle_pb2 as v01_life
+from openengine_adapters.v0_1 import lora_pb2 as v01_lora
+from openengine_adapters.v0_1 import model_pb2 as v01_model
+from openengine_adapters.v0_1 import openengine_pb2_grpc as v01_grpc
+from openengine_adapters.v0_1 import server_pb2 as v01_server
+from openengine_adapters.v1 import engine_pb2, lifecycle_pb2, lora_pb2, observability_pb2
+
+SLOW = (("fake.step_delay_ms", "50"),)
+
+
+def stubs(h):
+    return v01_grpc.InferenceStub(h.channel), v01_grpc.ControlStub(h.channel)
+
+
+def v01_rejection(exc: grpc.aio.AioRpcError) -> v01_error.EngineError:
+    values = [v for k, v in exc.trailing_metadata() or () if k == ERROR_TRAILER]
+    assert values, f"no {ERROR_TRAILER} trailer on {exc.code()}: {exc.details()}"
+    return v01_error.EngineError.FromString(values[0])
+
+
+def req(prompt: str = "hi", max_tokens: int = 4, **kw) -> v01_gen.GenerateRequest:
+    return v01_gen.GenerateRequest(prompt=prompt, stopping=v01_gen.StoppingOptions(max_tokens=max_tokens), **kw)
+
+
+async def v01_collect(inference, request, metadata=(), timeout=10.0):
+    return [r async for r in inference.Generate(request, metadata=metadata, timeout=timeout)]
+
+
+async def test_one_port_serves_three_services_and_reflection_lists_them(oe):
+    stub = reflection_pb2_grpc.ServerReflectionStub(oe.channel)
+    responses = [r async for r in stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(
+        list_services="")]))]
+    names = {s.name for s in responses[0].list_services_response.service}
+    assert {"openengine.v1.OpenEngine", "openengine.v1.Inference", "openengine.v1.Control"} <= names
+    # every service resolves to a file descriptor (what grpcurl needs to call it)
+    for symbol in ("openengine.v1.Inference", "openengine.v1.Control", "openengine.v1.OpenEngine"):
+        out = [r async for r in stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(
+            file_containing_symbol=symbol)]))]
+        assert out[0].HasField("file_descriptor_response"), symbol
+
+
+async def test_server_info_reports_capacity_release_and_extra(oe):
+    _, control = stubs(oe)
+    info = await control.GetServerInfo(v01_server.GetServerInfoRequest())
+    assert info.schema_release == schema.V0_1_SCHEMA_RELEASE and info.schema_revision == 1
+    assert info.minimum_client_revision == 1
+    assert info.engine_name == "fake" and info.engine_role == v01_server.ENGINE_ROLE_AGGREGATED
+    assert list(info.supported_models) == ["tiny"]
+    cap = info.capacity
+    assert (cap.kv_block_size, cap.total_kv_blocks, cap.max_running_requests, cap.max_batched_tokens,
+            cap.max_loras) == (16, 1000, 64, 2048, 4)
+    assert info.parallelism.HasField("decode_context_parallel_size")
+    assert info.parallelism.decode_context_parallel_size == 1
+    assert info.kv_connector.HasField("enabled") and info.kv_connector.enabled is False
+    extra = json_format.MessageToDict(info.extra)
+    assert extra["fake_build"] == "test" and extra["fake_steps_per_token"] == 1
+    assert extra["revision1_schema_release"] == schema.SCHEMA_RELEASE
+    assert set(extra["services"]) == {"openengine.v1.OpenEngine", "openengine.v1.Inference",
+                                      "openengine.v1.Control"}
+
+
+async def test_kv_connector_renumbered_without_supports_drain(serve):
+    async with serve(role=EngineRole.PREFILL) as h:
+        _, control = stubs(h)
+        conn = (await control.GetServerInfo(v01_server.GetServerInfoRequest())).kv_connector
+        assert conn.enabled and conn.transfer_backend == "fake"
+        assert conn.HasField("schema_version") and conn.schema_version == 1
+        # field 8 is schema_version in v0.1.0: revision 1's supports_drain must not leak into it
+        assert "supports_drain" not in v01_kv.KvConnectorInfo.DESCRIPTOR.fields_by_name
+        assert conn.SerializeToString() == v01_kv.KvConnectorInfo(
+            enabled=True, transfer_backend="fake", local_endpoints=[v01_kv.KvEndpoint(
+                host="127.0.0.1", port=7000, protocol="tcp")], supported_protocols=["tcp"],
+            supports_remote_prefill=True, supports_decode_pull=False, supports_abort_cleanup=True,
+            schema_version=1).SerializeToString()
+
+
+async def test_model_info_drops_moved_fields_and_carries_extra(oe):
+    _, control = stubs(oe)
+    mi = await control.GetModelInfo(v01_model.GetModelInfoRequest(model="tiny-alias"))
+    assert mi.served_model_name == "tiny" and mi.max_context_length == 512 and mi.max_output_tokens == 256
+    assert mi.generation.supports_priority and mi.generation.max_num_sequences == 4
+    extra = json_format.MessageToDict(mi.extra)
+    assert extra["fake_dtype"] == "char"
+    assert extra["request_extra_keys"]["fake_flag"]["type"] == "bool"
+    assert extra["revision1_tasks"] == ["embed", "classify", "score"]
+    err = await expect_status(control.GetModelInfo(v01_model.GetModelInfoRequest(model="nope")),
+                              grpc.StatusCode.NOT_FOUND, "model")
+    assert v01_rejection(err).code == v01_error.ERROR_CODE_MODEL_NOT_FOUND
+
+
+async def test_generate_streams_with_usage_on_the_final_event(oe):
+    inference, _ = stubs(oe)
+    out = await v01_collect(inference, req(request_id="v01-a", max_tokens=3))
+    events = [r.WhichOneof("event") for r in out]
+    assert events[-1] == "finished" and "token" in events
+    assert out[-1].HasField("usage") and out[-1].usage.completion_tokens == 3
+    assert all(r.request_id == "v01-a" for r in out)
+    rev1 = await collect(oe.stub, gen_request(stopping={"max_tokens": 3}))
+    text = lambda rs: "".join(r.token.text for r in rs if r.WhichOneof("event") == "token")  # noqa: E731
+    assert text(out) == text(rev1), "both surfaces run the same engine path"
+
+
+async def test_abort_and_load_cross_the_surfaces(oe):
+    inference, control = stubs(oe)
+    call = inference.Generate(req(request_id="v01-long", max_tokens=200), metadata=SLOW)
+    first = await call.read()
+    assert first.WhichOneof("event") in ("token", "prompt")
+    load = await control.GetLoad(v01_server.GetLoadRequest())
+    assert load.running_requests == 1
+    rev1_load = await oe.stub.GetLoad(observability_pb2.GetLoadRequest())
+    assert rev1_load.running_requests == 1
+    # revision 1's Abort ends the v0.1.0 stream
+    ack = await oe.stub.Abort(lifecycle_pb2.AbortRequest(request_id="v01-long"))
+    assert ack.status == lifecycle_pb2.ABORT_STATUS_ABORTED
+    rest = await read_rest(call)
+    assert rest[-1].WhichOneof("event") == "finished"
+    assert rest[-1].finished.reason == v01_gen.FINISH_REASON_CANCELLED
+    # and Control.Abort ends a revision-1 stream
+    rev1 = oe.stub.Generate(gen_request(request_id="r1-long", stopping={"max_tokens": 200}),
+                            metadata=SLOW)
+    await rev1.read()
+    done = await control.Abort(v01_life.AbortRequest(request_id="r1-long"))
+    assert done.status == v01_life.ABORT_STATUS_ABORTED
+    assert (await read_rest(rev1))[-1].finished.reason == v01_gen.FINISH_REASON_CANCELLED
+    again = await control.Abort(v01_life.AbortRequest(request_id="r1-long"))
+    assert again.status == v01_life.ABORT_STATUS_ALREADY_FINISHED
+    err = await expect_status(control.Abort(v01_life.AbortRequest(request_id="unknown")),
+                              grpc.StatusCode.NOT_FOUND, "request_id")
+    assert v01_rejection(err).code == v01_error.ERROR_CODE_REQUEST_NOT_FOUND
+
+
+async def test_drain_refuses_v0_1_work_with_the_documented_mapping(oe):
+    inference, control = stubs(oe)
+    drain = oe.stub.Drain(lifecycle_pb2.DrainRequest(stop_accepting_new_requests=True, deadline_ms=0))
+    async for _ in drain:
+        pass
+    err = await expect_status(inference.Generate(req()), grpc.StatusCode.UNAVAILABLE)
+    error = v01_rejection(err)
+    assert error.code == v01_error.ERROR_CODE_OVERLOADED and error.retryable
+    health = await control.Health(v01_life.HealthRequest())
+    assert health.state == v01_life.HEALTH_STATE_NOT_READY == 4
+
+
+async def test_engine_failure_is_one_terminal_error_in_v0_1_numbering(oe):
+    inference, _ = stubs(oe)
+    out = await v01_collect(inference, req(max_tokens=10), metadata=(("fake.crash_after", "2"),))
+    assert out[-1].WhichOneof("event") == "error"
+    assert out[-1].error.code == v01_error.ERROR_CODE_INTERNAL == 11
+    assert [r.WhichOneof("event") for r in out].count("error") == 1
+
+
+async def test_priority_metadata(oe):
+    inference, _ = stubs(oe)
+    await v01_collect(inference, req(), metadata=(("openengine-priority", "-7"),))
+    assert oe.fake.seen_params[-1].priority == -7
+    for value, fragment in (("abc", "not a base-10 int32"), ("2147483648", "out of the int32 range"),
+                            ("+5", "not a base-10 int32"), ("", "not a base-10 int32")):
+        err = await expect_status(inference.Generate(req(), metadata=(("openengine-priority", value),)),
+                                  grpc.StatusCode.INVALID_ARGUMENT, "openengine-priority", fragment)
+        assert v01_rejection(err).code == v01_error.ERROR_CODE_INVALID_ARGUMENT
+    await expect_status(inference.Generate(req(), metadata=(("openengine-priority", "1"),
+                                                            ("openengine-priority", "2"))),
+                        grpc.StatusCode.INVALID_ARGUMENT, "openengine-priority", "more than once")
+
+
+async def test_priority_only_where_advertised(serve):
+    from fake_backend import default_card
+
+    from openengine_adapters import backend as be
+
+    card = default_card()
+    card = be.ModelCard(**{**card.__dict__, "generation": be.GenerationSupport(
+        **{**card.generation.__dict__, "supports_priority": False})})
+    async with serve(cards=[card]) as h:
+        inference, _ = stubs(h)
+        err = await expect_status(inference.Generate(req(), metadata=(("openengine-priority", "3"),)),
+                                  grpc.StatusCode.INVALID_ARGUMENT, "openengine-priority", "supports_priority")
+        assert v01_rejection(err).code == v01_error.ERROR_CODE_UNSUPPORTED_FEATURE
+
+
+async def test_target_dp_rank_metadata(serve):
+    async with serve(data_parallel_size=2) as h:
+        inference, _ = stubs(h)
+        await v01_collect(inference, req(), metadata=(("openengine-target-dp-rank", "1"),))
+        assert h.fake.seen_params[-1].data_parallel_rank == 1
+        await expect_status(inference.Generate(req(), metadata=(("openengine-target-dp-rank", "2"),)),
+                            grpc.StatusCode.INVALID_ARGUMENT, "openengine-target-dp-rank", "out of range")
+        await expect_status(inference.Generate(req(), metadata=(("openengine-target-dp-rank", "-1"),)),
+                            grpc.StatusCode.INVALID_ARGUMENT, "uint32")
+
+
+async def test_target_dp_rank_disagreeing_with_the_session_is_invalid(serve):
+    async with serve(role=EngineRole.DECODE, data_parallel_size=2) as h:
+        inference, _ = stubs(h)
+        session = v01_kv.KvSessionRef(session_id="s1", transfer_backend="fake", dp_rank=0)
+        await expect_status(
+            inference.Generate(req(kv=v01_gen.KvOptions(session=session)),
+                               metadata=(("openengine-target-dp-rank", "1"),)),
+            grpc.StatusCode.INVALID_ARGUMENT, "openengine-target-dp-rank", "kv.session.dp_rank")
+
+
+async def test_routing_key_and_trace_context(oe):
+    inference, _ = stubs(oe)
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    await v01_collect(inference, req(), metadata=(("openengine-routing-key", "tenant-7"), ("traceparent", parent),
+                                                  ("tracestate", "vendor=x"), ("x-app", "kept"),
+                                                  ("authorization", "Bearer secret")))
+    seen = oe.fake.seen_params[-1]
+    assert seen.trace_headers == {"traceparent": parent, "tracestate": "vendor=x"}
+    assert seen.metadata["openengine-routing-key"] == "tenant-7" and seen.metadata["x-app"] == "kept"
+    assert "authorization" not in seen.metadata, "credentials never reach the engine"
+    # W3C: a malformed traceparent is dropped (the trace restarts), never an error
+    await v01_collect(inference, req(), metadata=(("traceparent", "00-zz-00-01"), ("tracestate", "a=b")))
+    assert oe.fake.seen_params[-1].trace_headers == {}
+    await expect_status(inference.Generate(req(), metadata=(("openengine-routing-key", ""),)),
+                        grpc.StatusCode.INVALID_ARGUMENT, "openengine-routing-key")
+
+
+async def test_extra_known_keys_applied_unknown_ignored_wrong_type_refused(oe):
+    inference, _ = stubs(oe)
+    r = req()
+    r.extra.update({"fake_note": "n", "fake_flag": True, "fake_count": 3, "fake_ids": [1, 2],
+                    "someone_elses_key": {"x": 1}})
+    await v01_collect(inference, r)
+    assert oe.fake.seen_params[-1].extra == {"fake_note": "n", "fake_flag": True, "fake_count": 3,
+                                             "fake_ids": [1, 2]}
+    for key, value, want in (("fake_flag", "yes", "a boolean"), ("fake_count", 1.5, "an integral number"),
+                             ("fake_ids", ["a"], "a list of integral numbers"), ("fake_note", 1, "a string")):
+        bad = req()
+        bad.extra.update({key: value})
+        err = await expect_status(inference.Generate(bad), grpc.StatusCode.INVALID_ARGUMENT, f"extra.{key}", want)
+        assert v01_rejection(err).code == v01_error.ERROR_CODE_INVALID_ARGUMENT
+
+
+async def test_kv_options_renumbered(oe):
+    inference, _ = stubs(oe)
+    await v01_collect(inference, req(kv=v01_gen.KvOptions(bypass_prefix_cache=True, cache_salt="salt")))
+    seen = oe.fake.seen_params[-1]
+    assert seen.bypass_prefix_cache is True and seen.cache_salt == "salt" and seen.data_parallel_rank is None
+    err = await expect_status(inference.Generate(req(kv=v01_gen.KvOptions(cache_salt=""))),
+                              grpc.StatusCode.INVALID_ARGUMENT, "kv.cache_salt")
+    assert v01_rejection(err).code == v01_error.ERROR_CODE_INVALID_ARGUMENT
+
+
+async def test_modality_unspecified_is_not_an_image(oe):
+    inference, _ = stubs(oe)
+    r = req(media=[v01_gen.MediaItem(data_uri="data:image/png;base64,AAAA")])
+    await expect_status(inference.Generate(r), grpc.StatusCode.INVALID_ARGUMENT, "media[0].modality",
+                        "MODALITY_UNSPECIFIED")
+
+
+async def test_load_attributes_keep_json_types(oe):
+    _, control = stubs(oe)
+    load = await control.GetLoad(v01_server.GetLoadRequest(include_per_rank=True))
+    assert json_format.MessageToDict(load.attributes) == {"engine": "fake", "in_flight": 0, "warm": True,
+                                                          "ratio": 0.5}
+    assert load.HasField("timestamp_unix_nanos") and len(load.ranks) == 1
+    assert load.HasField("running_requests") and load.running_requests == 0
+
+
+async def test_lora_lifecycle_is_shared(oe, tmp_path):
+    _, control = stubs(oe)
+    (tmp_path / "adapter_config.json").write_text("{}")
+    adapter = v01_lora.LoraAdapter(lora_id=7, lora_name="ad", source_path=str(tmp_path))
+    loaded = await control.LoadLora(v01_lora.LoadLoraRequest(adapter=adapter))
+    assert loaded.adapter.lora_name == "ad" and not loaded.already_loaded
+    listed = await oe.stub.ListLoras(lora_pb2.ListLorasRequest())
+    assert [a.lora_name for a in listed.adapters] == ["ad"]
+    err = await expect_status(control.UnloadLora(v01_lora.UnloadLoraRequest(lora_name="zz")),
+                              grpc.StatusCode.NOT_FOUND, "lora_name")
+    assert v01_rejection(err).code == v01_error.ERROR_CODE_MODEL_NOT_FOUND
+    await control.UnloadLora(v01_lora.UnloadLoraRequest(lora_name="ad"))
+    assert not (await control.ListLoras(v01_lora.ListLorasRequest())).adapters
+
+
+async def test_kv_events_and_sources(oe):
+    inference, control = stubs(oe)
+    sources = await control.GetKvEventSources(v01_kv.GetKvEventSourcesRequest())
+    assert sources.sources[0].endpoint_addr.host == "127.0.0.1", "wildcards are never advertised"
+    sub = control.SubscribeKvEvents(v01_kv.SubscribeKvEventsRequest(include_snapshot=True))
+    first = await asyncio.wait_for(sub.read(), 5)
+    assert first.WhichOneof("event") == "batch"
+    assert first.batch.events[0].WhichOneof("event") == "all_blocks_cleared"
+    await v01_collect(inference, req())
+    stored = await asyncio.wait_for(sub.read(), 5)
+    assert stored.batch.events[0].WhichOneof("event") == "block_stored"
+    sub.cancel()
+
+
+async def test_health(oe):
+    _, control = stubs(oe)
+    health = await control.Health(v01_life.HealthRequest(include_inference_probe=True))
+    assert health.state == v01_life.HEALTH_STATE_READY
+    assert any(c.name == "inference_probe" for c in health.checks)
+    await expect_status(control.Health(v01_life.HealthRequest(role=9)), grpc.StatusCode.INVALID_ARGUMENT, "role")
+
+
+@pytest.mark.parametrize("surfaces, present, absent", [
+    ("revision-1", "openengine.v1.OpenEngine", "openengine.v1.Inference"),
+    ("v0.1.0", "openengine.v1.Inference", "openengine.v1.OpenEngine"),
+])
+async def test_surfaces_flag_chooses_what_is_served(serve, surfaces, present, absent):
+    async with serve({"surfaces": parse_surfaces(surfaces)}) as h:
+        inference, control = stubs(h)
+        if present == "openengine.v1.Inference":
+            assert (await v01_collect(inference, req()))[-1].WhichOneof("event") == "finished"
+            await expect_status(h.stub.GetEngineInfo(engine_pb2.GetEngineInfoRequest()),
+                                grpc.StatusCode.UNIMPLEMENTED)
+        else:
+            assert (await collect(h.stub, gen_request(stopping={"max_tokens": 2})))[-1].WhichOneof("event")
+            await expect_status(control.GetServerInfo(v01_server.GetServerInfoRequest()),
+                                grpc.StatusCode.UNIMPLEMENTED)
+
+
+def test_parse_surfaces():
+    assert parse_surfaces(None) == parse_surfaces("both") == ("revision-1", "v0.1.0")
+    assert parse_surfaces("v0.1.0, revision-1") == ("v0.1.0", "revision-1")
+    with pytest.raises(ValueError, match="v2"):
+        parse_surfaces("v2")
+
+
+def test_error_code_mapping_is_total():
+    from openengine_adapters.wire.v0_1.translate import ERROR_CODE
+
+    assert set(ERROR_CODE) == {int(c) for c in ErrorCode}
+    assert set(ERROR_CODE.values()) <= set(v01_error.ErrorCode.values())
