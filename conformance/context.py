@@ -19,6 +19,7 @@ from openengine_adapters.v1 import (
     observability_pb2,
     openengine_pb2_grpc,
 )
+from openengine_adapters.wire.v0_1.stub import V01Stub
 
 G = generation_pb2
 PROMPT = "The quick brown fox jumps over the lazy dog"
@@ -27,6 +28,7 @@ ROLE_NAMES = {v: k.removeprefix("ENGINE_ROLE_") for k, v in engine_pb2.EngineRol
 
 @dataclass
 class Options:
+    contract: str = "revision-1"  # or "v0.1.0": the surface the suite speaks (openengine_adapters.wire)
     destructive: bool = False
     expect_admission_limit: int | None = None
     long_metadata: dict[str, str] = field(default_factory=dict)
@@ -182,7 +184,9 @@ class Ctx:
 
     async def open(self) -> None:
         self.channel = grpc.aio.insecure_channel(self.target)
-        self.stub = openengine_pb2_grpc.OpenEngineStub(self.channel)
+        # v0.1.0: the same revision-1-typed calls on Inference + Control (RPCs it lacks: NotOnSurface)
+        self.stub = (V01Stub(self.channel) if self.options.contract == "v0.1.0"
+                     else openengine_pb2_grpc.OpenEngineStub(self.channel))
         self.engine_info = await self.stub.GetEngineInfo(engine_pb2.GetEngineInfoRequest(), timeout=30)
         if not self.model:
             self.model = self.engine_info.supported_models[0] if self.engine_info.supported_models else ""

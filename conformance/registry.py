@@ -35,7 +35,8 @@ class Check:
 
 
 REGISTRY: list[Check] = []
-DOMAINS = ("identity", "model_info", "generate", "sampling", "guided", "tasks", "lora", "lifecycle", "kv", "runtime")
+DOMAINS = ("identity", "model_info", "generate", "sampling", "guided", "tasks", "lora", "lifecycle", "kv", "runtime",
+           "v0_1")
 
 
 def check(name: str, requires: str = "always", destructive: bool = False, order: int = 0):

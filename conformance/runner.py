@@ -12,6 +12,10 @@ import grpc
 from conformance.context import Ctx, Options
 from conformance.registry import Check, Skip, all_checks
 from conformance.report import FAIL, PASS, SKIP, Report, Result
+from openengine_adapters.wire.v0_1.stub import NotOnSurface
+
+# Embed/Classify/Score and SubscribeRuntimeEvents exist in revision 1 only
+REVISION1_ONLY_DOMAINS = frozenset({"tasks", "runtime"})
 
 
 def select(checks: list[Check], only: str | None) -> list[Check]:
@@ -34,13 +38,14 @@ class Suite:
         try:
             await self.ctx.open()
         except grpc.aio.AioRpcError as exc:
-            self.setup_error = f"GetEngineInfo failed: {exc.code().name}: {exc.details()}"
+            what = "GetServerInfo" if self.ctx.options.contract == "v0.1.0" else "GetEngineInfo"
+            self.setup_error = f"{what} failed: {exc.code().name}: {exc.details()}"
             return
         info = self.ctx.engine_info
         self.report.model = self.ctx.model
         self.report.engine = {"engine": info.engine_name, "version": info.engine_version,
                               "role": self.ctx.role_name, "schema_revision": info.schema_revision,
-                              "schema_release": info.schema_release}
+                              "schema_release": info.schema_release, "contract": self.ctx.options.contract}
 
     async def close(self) -> None:
         await self.ctx.close()
@@ -50,12 +55,16 @@ class Suite:
         start = time.monotonic()
         if self.setup_error:
             res.status, res.reason = FAIL, self.setup_error
+        elif self.ctx.options.contract == "v0.1.0" and c.domain in REVISION1_ONLY_DOMAINS:
+            res.status, res.reason = SKIP, f"{c.domain}: not part of the v0.1.0 contract (revision 1 only)"
         elif c.destructive and not self.ctx.options.destructive:
             res.status, res.reason = SKIP, "destructive (run with --destructive)"
         else:
             try:
                 await asyncio.wait_for(c.func(self.ctx), self.ctx.options.check_timeout_s * 2)
             except Skip as exc:
+                res.status, res.reason = SKIP, str(exc)
+            except NotOnSurface as exc:
                 res.status, res.reason = SKIP, str(exc)
             except AssertionError as exc:
                 res.status, res.reason = FAIL, str(exc) or "assertion failed"
@@ -79,8 +88,8 @@ class Suite:
 async def run_suite_async(target: str, model: str | None = None, destructive: bool = False,
                           only: str | None = None, expect_admission_limit: int | None = None,
                           long_metadata: dict[str, str] | None = None, check_timeout_s: float = 60.0,
-                          progress=None) -> Report:
-    options = Options(destructive=destructive, expect_admission_limit=expect_admission_limit,
+                          progress=None, contract: str = "revision-1") -> Report:
+    options = Options(contract=contract, destructive=destructive, expect_admission_limit=expect_admission_limit,
                       long_metadata=dict(long_metadata or {}), check_timeout_s=check_timeout_s)
     suite = Suite(target, model, options)
     await suite.open()

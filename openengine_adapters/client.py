@@ -1,7 +1,10 @@
-"""Typed async client for openengine.v1 that fails closed on an incompatible server.
+"""Typed async client for openengine.v1, on either wire surface, that fails closed on an incompatible server.
 
-``connect()`` reads GetEngineInfo and refuses a server whose schema revision or release is
-outside the range this client was tested with, or that requires a newer client.
+``contract="revision-1"`` (default) speaks ``openengine.v1.OpenEngine``; ``contract="v0.1.0"`` speaks
+upstream's released ``Inference`` + ``Control`` through the same revision-1-typed methods
+(``wire.v0_1.stub``; RPCs v0.1.0 lacks raise ``NotOnSurface``). ``connect()`` reads the server's
+identity and refuses a schema revision or release outside what this client was tested with for
+that contract, or a server that requires a newer client.
 """
 
 from __future__ import annotations
@@ -24,10 +27,16 @@ from openengine_adapters.v1 import (
     openengine_pb2_grpc,
     scoring_pb2,
 )
+from openengine_adapters.wire.v0_1.stub import NotOnSurface, V01Stub
+
+__all__ = ["IncompatibleServer", "NotOnSurface", "OpenEngineClient", "check_compatible"]
 
 CLIENT_REVISION = schema.SCHEMA_REVISION
 TESTED_SERVER_REVISIONS = range(1, 2)
 TESTED_RELEASES = frozenset({schema.SCHEMA_RELEASE})
+# the schema release each contract surface was tested with
+TESTED_RELEASES_BY_CONTRACT = {"revision-1": TESTED_RELEASES,
+                               "v0.1.0": frozenset({schema.V0_1_SCHEMA_RELEASE})}
 
 
 class IncompatibleServer(RuntimeError):
@@ -50,19 +59,24 @@ def check_compatible(info: engine_pb2.EngineInfo, revisions: range = TESTED_SERV
 
 class OpenEngineClient:
     def __init__(self, target: str, *, credentials: grpc.ChannelCredentials | None = None,
-                 options: Iterable[tuple[str, object]] = ()) -> None:
+                 options: Iterable[tuple[str, object]] = (), contract: str = "revision-1") -> None:
+        if contract not in TESTED_RELEASES_BY_CONTRACT:
+            raise ValueError(f"contract: {contract!r} is not one of {', '.join(TESTED_RELEASES_BY_CONTRACT)}")
         self.target = target
+        self.contract = contract
         self.channel = (grpc.aio.secure_channel(target, credentials, options=list(options))
                         if credentials is not None
                         else grpc.aio.insecure_channel(target, options=list(options)))
-        self.stub = openengine_pb2_grpc.OpenEngineStub(self.channel)
+        self.stub = (openengine_pb2_grpc.OpenEngineStub(self.channel) if contract == "revision-1"
+                     else V01Stub(self.channel))
         self.engine_info: engine_pb2.EngineInfo | None = None
 
     async def connect(self, timeout: float | None = 10.0) -> engine_pb2.EngineInfo:
-        """Fetch and check EngineInfo; raises IncompatibleServer (and closes) when out of range."""
+        """Fetch and check the server's identity (EngineInfo, or v0.1.0's ServerInfo seen as one);
+        raises IncompatibleServer (and closes) when out of range."""
         info = await self.stub.GetEngineInfo(engine_pb2.GetEngineInfoRequest(), timeout=timeout)
         try:
-            check_compatible(info)
+            check_compatible(info, releases=TESTED_RELEASES_BY_CONTRACT[self.contract])
         except IncompatibleServer:
             await self.close()
             raise

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import pathlib
 import socket
+import sys
 
 import grpc
 
@@ -82,3 +84,11 @@ async def serve_backend(backend, config: dict | None = None, harness=None, grace
     finally:
         await channel.close()
         await server.stop(grace_s)
+
+
+V0_1_CLIENT = pathlib.Path(__file__).with_name("v0_1_client.py")
+
+
+def v0_1_client_argv(target: str, *extra: str) -> list[str]:
+    """The unmodified v0.1.0 client (tests/v0_1_client.py) as a separate process against ``target``."""
+    return [sys.executable, str(V0_1_CLIENT), "--target", target, *extra]

@@ -173,3 +173,48 @@ async def test_suite_catches_a_broken_server(tmp_path, backend, only, broken):
     assert results[broken]["status"] == "fail", results[broken]
     assert not report["summary"]["ok"]
     assert re.search(rf"{re.escape(broken)}\s+FAIL", stdout.decode())
+
+
+# the v0.1.0 contract -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("role", [EngineRole.AGGREGATED, EngineRole.PREFILL, EngineRole.DECODE])
+async def test_v0_1_contract_passes_on_every_role(serve, role):
+    async with serve(role=role) as h:
+        report = await run_suite_async(h.target, check_timeout_s=20, contract="v0.1.0",
+                                       long_metadata={"fake.step_delay_ms": "20"})
+    failed = {r.name: r.reason for r in report.failures()}
+    assert not failed, failed
+    assert report.engine["contract"] == "v0.1.0"
+    reasons = {r.name: r.reason for r in report.results if r.status == "skip"}
+    assert "not part of the v0.1.0 contract" in reasons["tasks.embed_basic"], reasons.get("tasks.embed_basic")
+    if role == EngineRole.AGGREGATED:
+        for name in ("v0_1.server_info", "v0_1.metadata.malformed_priority", "v0_1.metadata.repeated_key",
+                     "v0_1.metadata.dp_rank_out_of_range", "v0_1.metadata.priority_as_advertised",
+                     "v0_1.extra.unknown_keys_ignored", "generate.stream_contract", "lifecycle.abort_running"):
+            assert report.get(name).status == "pass", report.get(name)
+
+
+def test_cli_contract_both_runs_each_surface(tmp_path_factory):
+    code, report, table = _cli(tmp_path_factory, "--contract", "both", "--destructive")
+    assert code == 0, table
+    assert [r["engine"]["contract"] for r in report["reports"]] == ["v0.1.0", "revision-1"]
+    for r in report["reports"]:
+        assert not [x for x in r["results"] if x["status"] == "fail"], r["engine"]
+    v01 = {x["name"]: x for x in report["reports"][0]["results"]}
+    assert v01["lifecycle.drain"]["status"] == "skip" and "v0.1.0" in v01["lifecycle.drain"]["reason"]
+    assert v01["lifecycle.abort_all_requests"]["status"] == "pass"
+
+
+async def test_v0_1_checks_catch_a_server_without_the_metadata_rules(monkeypatch):
+    from openengine_adapters.wire.v0_1 import metadata as md
+
+    monkeypatch.setattr(md, "RESERVED_PREFIX", "never-reserved-")  # the one-value rule no longer applies
+    server = await OpenEngineServer(FakeBackend(), ServerConfig(host="127.0.0.1", port=0, advertise_host="127.0.0.1",
+                                                                drain_grace_s=0.5)).start()
+    try:
+        report = await run_suite_async(f"127.0.0.1:{server.port}", only="v0_1", contract="v0.1.0",
+                                       check_timeout_s=20)
+    finally:
+        await server.stop(0.5)
+    assert report.get("v0_1.metadata.repeated_key").status == "fail"
+    assert report.get("v0_1.metadata.malformed_priority").status == "fail"

@@ -13,7 +13,7 @@ import grpc
 import pytest
 from google.protobuf import json_format
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from helpers import collect, expect_status, gen_request, read_rest
+from helpers import collect, expect_status, gen_request, read_rest, v0_1_client_argv
 
 from openengine_adapters import schema
 from openengine_adapters.errors import ERROR_TRAILER
@@ -348,3 +348,13 @@ def test_error_code_mapping_is_total():
 
     assert set(ERROR_CODE) == {int(c) for c in ErrorCode}
     assert set(ERROR_CODE.values()) <= set(v01_error.ErrorCode.values())
+
+
+async def test_an_unmodified_v0_1_client_in_its_own_process(oe):
+    """Stubs generated from the canonical, unshifted protos; nothing of this project imported."""
+    proc = await asyncio.create_subprocess_exec(*v0_1_client_argv(oe.target, "--expect-engine", "fake"),
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    text = out.decode()
+    assert proc.returncode == 0, text
+    assert "11 passed, 0 failed" in text, text

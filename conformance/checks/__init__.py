@@ -11,4 +11,5 @@ from conformance.checks import (  # noqa: F401
     runtime,
     sampling,
     tasks,
+    v0_1,
 )

@@ -202,3 +202,109 @@ def health_response(resp: rev1_lifecycle_pb2.HealthResponse) -> lifecycle_pb2.He
         out.checks.add(name=c.name, state=HEALTH_STATE.get(c.state, lifecycle_pb2.HEALTH_STATE_UNSPECIFIED),
                        message=c.message)
     return out
+
+
+# --------------------------------------------------------------------------- the client's direction
+# A revision-1-typed client on the v0.1.0 wire (``wire.v0_1.stub``): the same mapping, reversed.
+
+REVISION1_ERROR_CODE = {int(c): int(c) for c in ErrorCode if c <= ErrorCode.CANCELLED}
+REVISION1_ERROR_CODE[error_pb2.ERROR_CODE_INTERNAL] = int(ErrorCode.INTERNAL)
+REVISION1_HEALTH_STATE = {lifecycle_pb2.HEALTH_STATE_UNSPECIFIED: int(HealthState.UNSPECIFIED),
+                          lifecycle_pb2.HEALTH_STATE_STARTING: int(HealthState.STARTING),
+                          lifecycle_pb2.HEALTH_STATE_READY: int(HealthState.READY),
+                          lifecycle_pb2.HEALTH_STATE_DEGRADED: int(HealthState.DEGRADED),
+                          lifecycle_pb2.HEALTH_STATE_NOT_READY: int(HealthState.NOT_READY)}
+
+
+def v0_1_generate_request(req: rev1_generation_pb2.GenerateRequest
+                          ) -> tuple[generation_pb2.GenerateRequest, list[tuple[str, str]]]:
+    """A revision-1 request as v0.1.0 sends it: the body, and the gRPC metadata for priority, the DP
+    target and revision 1's ``metadata`` map (application keys)."""
+    body = rev1_generation_pb2.GenerateRequest()
+    body.CopyFrom(req)
+    for moved in ("priority", "metadata", "kv"):
+        body.ClearField(moved)
+    out = generation_pb2.GenerateRequest.FromString(body.SerializeToString())
+    metadata = [(key, value) for key, value in sorted(req.metadata.items())]
+    if req.HasField("priority"):
+        metadata.append(("openengine-priority", str(req.priority)))
+    if req.HasField("kv"):
+        kv = req.kv
+        out.kv.SetInParent()
+        if kv.HasField("session"):
+            out.kv.session.ParseFromString(kv.session.SerializeToString())
+        if kv.HasField("bypass_prefix_cache"):
+            out.kv.bypass_prefix_cache = kv.bypass_prefix_cache
+        if kv.HasField("cache_salt"):
+            out.kv.cache_salt = kv.cache_salt
+        if kv.HasField("data_parallel_rank"):
+            metadata.append(("openengine-target-dp-rank", str(kv.data_parallel_rank)))
+    return out, metadata
+
+
+def revision1_error(err: error_pb2.EngineError) -> rev1_error_pb2.EngineError:
+    return rev1_error_pb2.EngineError(code=REVISION1_ERROR_CODE.get(err.code, int(ErrorCode.UNSPECIFIED)),
+                                      message=err.message, retryable=err.retryable)
+
+
+def revision1_error_trailer(value: bytes) -> bytes:
+    return revision1_error(error_pb2.EngineError.FromString(value)).SerializeToString()
+
+
+def revision1_generate_response(raw: bytes) -> rev1_generation_pb2.GenerateResponse:
+    """v0.1.0 GenerateResponse bytes as revision 1's message (only an error event is re-encoded)."""
+    resp = rev1_generation_pb2.GenerateResponse.FromString(raw)
+    if resp.HasField("error"):
+        v01 = generation_pb2.GenerateResponse.FromString(raw)
+        resp.error.CopyFrom(revision1_error(v01.error))
+    return resp
+
+
+def revision1_engine_info(info: server_pb2.ServerInfo) -> engine_pb2.EngineInfo:
+    out = engine_pb2.EngineInfo(
+        engine_name=info.engine_name, engine_version=info.engine_version, role=info.engine_role,
+        instance_id=info.instance_id, supported_models=info.supported_models,
+        schema_revision=info.schema_revision, minimum_client_revision=info.minimum_client_revision,
+        schema_release=info.schema_release)
+    parallelism = server_pb2.ParallelismInfo()
+    parallelism.CopyFrom(info.parallelism)
+    parallelism.ClearField("decode_context_parallel_size")
+    out.parallelism.ParseFromString(parallelism.SerializeToString())
+    conn = kv_pb2.KvConnectorInfo()
+    conn.CopyFrom(info.kv_connector)
+    conn.ClearField("schema_version")
+    out.kv_connector.ParseFromString(conn.SerializeToString())
+    if info.kv_connector.HasField("schema_version"):
+        out.kv_connector.schema_version = info.kv_connector.schema_version
+    return out
+
+
+def revision1_model_info(mi: model_pb2.ModelInfo, capacity: server_pb2.DeploymentCapacity | None
+                         ) -> rev1_model_pb2.ModelInfo:
+    body = model_pb2.ModelInfo()
+    body.CopyFrom(mi)
+    body.ClearField("extra")
+    out = rev1_model_pb2.ModelInfo.FromString(body.SerializeToString())
+    if capacity is not None:  # v0.1.0 moved these four to ServerInfo.capacity
+        for name in ("kv_block_size", "total_kv_blocks", "max_running_requests", "max_batched_tokens"):
+            if capacity.HasField(name):
+                setattr(out, name, getattr(capacity, name))
+    return out
+
+
+def revision1_load_info(load: server_pb2.LoadInfo) -> rev1_observability_pb2.LoadInfo:
+    body = server_pb2.LoadInfo()
+    body.CopyFrom(load)
+    body.ClearField("attributes")
+    out = rev1_observability_pb2.LoadInfo.FromString(body.SerializeToString())
+    values = discovery.struct_dict(load.attributes)
+    out.attributes.update({k: discovery.attribute_text(int(v) if isinstance(v, float) and v.is_integer() else v)
+                           for k, v in values.items()})
+    return out
+
+
+def revision1_health(resp: lifecycle_pb2.HealthResponse) -> rev1_lifecycle_pb2.HealthResponse:
+    out = rev1_lifecycle_pb2.HealthResponse(state=REVISION1_HEALTH_STATE.get(resp.state, 0))
+    for c in resp.checks:
+        out.checks.add(name=c.name, state=REVISION1_HEALTH_STATE.get(c.state, 0), message=c.message)
+    return out
