@@ -508,6 +508,11 @@ async def test_grpc_two_subscribers_one_stalled(rig_factory):
         for i in range(n):
             await rig.publish([stored([1000 + i], tokens=big, block_size=len(big))])
             await asyncio.sleep(0.003)
+            # paced on the fast reader (its queue holds 8), so a loaded machine cannot make it "slow" too
+            for _ in range(500):
+                if len(received) >= i - 3:
+                    break
+                await asyncio.sleep(0.01)
         await asyncio.wait_for(reader, 15)
         assert [r.batch.sequence_number for r in received] == list(range(n))
         assert received[5].batch.events[0].block_stored.block_hashes[0].value == (1005).to_bytes(8, "big")

@@ -72,6 +72,8 @@ def _arg(server_args: Any, name: str, default: Any = None) -> Any:
 class SglangBackend(be.EngineBackend):
     """Serve one ``sglang.srt.entrypoints.engine.Engine`` (created by the caller)."""
 
+    request_extra = translate.REQUEST_EXTRA
+
     def __init__(self, tokenizer_manager, server_args, scheduler_info: dict | None = None,
                  options: SglangOptions = SglangOptions(), *, version: str = "", engine=None,
                  owns_engine: bool = False) -> None:
@@ -151,7 +153,14 @@ class SglangBackend(be.EngineBackend):
             engine_name="sglang", engine_version=self.version, role=self.role,
             parallelism=be.Parallelism(tensor_parallel_size=int(_arg(sa, "tp_size", 1)),
                                        pipeline_parallel_size=int(_arg(sa, "pp_size", 1)),
-                                       data_parallel_size=self.dp_size),
+                                       data_parallel_size=self.dp_size,
+                                       decode_context_parallel_size=int(_arg(sa, "dcp_size", 1) or 1)),
+            # adapters resident on the device at once: SGLang's LoRA memory pool has one slot per batch entry
+            max_loras=int(_arg(sa, "max_loras_per_batch")) if self.lora_on and _arg(sa, "max_loras_per_batch")
+            else None,
+            extra={k: str(v) for k, v in (("device", _arg(sa, "device")),
+                                          ("attention_backend", _arg(sa, "attention_backend")),
+                                          ("schedule_policy", _arg(sa, "schedule_policy"))) if v},
         )
 
     def models(self) -> list[be.ModelCard]:
@@ -217,6 +226,8 @@ class SglangBackend(be.EngineBackend):
             else None,
             supports_text_input=self.tokenizer is not None, supports_token_ids_input=True,
             generation=gen, supports_lora=self.lora_on, supports_multimodal=False, tasks=tasks,
+            extra={k: str(v) for k, v in (("dtype", _arg(sa, "dtype")), ("kv_cache_dtype", _arg(sa, "kv_cache_dtype")),
+                                          ("quantization", _arg(sa, "quantization"))) if v},
         )
 
     def _pooling_tasks(self) -> be.TaskSupport | None:

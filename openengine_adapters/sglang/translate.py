@@ -82,6 +82,14 @@ def guided_kwargs(g: be.Guided) -> dict[str, str]:
     raise invalid(f"guided: unsupported mode {g.mode!r}")
 
 
+# v0.1.0 GenerateRequest.extra keys this adapter applies: SGLang sampling parameters with no portable field
+REQUEST_EXTRA = {
+    "skip_special_tokens": be.ExtraKey("bool", "SGLang sampling_params.skip_special_tokens (default true)"),
+    "spaces_between_special_tokens": be.ExtraKey(
+        "bool", "SGLang sampling_params.spaces_between_special_tokens (default true)"),
+}
+
+
 def sampling_params(p: be.GenerateParams, index: int = 0, *, max_new_tokens: int | None = None
                     ) -> dict[str, Any]:
     """SGLang's ``sampling_params`` dict for output ``index`` of a validated request.
@@ -115,6 +123,7 @@ def sampling_params(p: be.GenerateParams, index: int = 0, *, max_new_tokens: int
         sp["no_stop_trim"] = st.include_stop_in_output
     if p.guided is not None:
         sp.update(guided_kwargs(p.guided))
+    sp.update(p.extra)  # already checked against REQUEST_EXTRA (names are SGLang's)
     return sp
 
 
@@ -158,6 +167,8 @@ def request_kwargs(p: be.GenerateParams, rid: str, index: int = 0, *, max_new_to
         kw["cache_salt"] = p.cache_salt
     if p.data_parallel_rank is not None:
         kw["routed_dp_rank"] = p.data_parallel_rank
+    if p.trace_headers:
+        kw["external_trace_header"] = dict(p.trace_headers)  # used when SGLang runs with --enable-trace
     if disagg:
         kw.update(disagg)
     return kw

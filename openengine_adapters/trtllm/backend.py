@@ -130,10 +130,15 @@ class TrtllmBackend(be.EngineBackend):
     # ------------------------------------------------------------------ discovery
 
     def identity(self) -> be.EngineIdentity:
+        lora = _get(self.llm.args, "lora_config")
+        max_loras = _get(lora, "max_loras") if lora is not None else None
         return be.EngineIdentity(
             engine_name="tensorrt_llm", engine_version=self.version, role=self.role,
             parallelism=be.Parallelism(tensor_parallel_size=self.tp, pipeline_parallel_size=self.pp,
                                        data_parallel_size=self.tp if self.attention_dp else 1),
+            max_loras=int(max_loras) if max_loras else None,  # LoraConfig.max_loras: adapters on the GPU
+            extra={k: str(v) for k, v in (("backend", _get(self.llm.args, "backend")),
+                                          ("guided_decoding_backend", self.guided_backend)) if v},
         )
 
     def models(self) -> list[be.ModelCard]:

@@ -78,6 +78,8 @@ async def _next_output(collector):
 class VllmBackend(be.EngineBackend):
     """Serve one ``AsyncLLM``. Build it with ``await VllmBackend.create(engine, ...)``."""
 
+    request_extra = translate.REQUEST_EXTRA
+
     def __init__(self, engine, supported_tasks: Sequence[str], *, role: EngineRole,
                  served_model_names: Sequence[str] = (), stats: StatsCollector | None = None,
                  version: str = "", owns_engine: bool = False) -> None:
@@ -140,7 +142,12 @@ class VllmBackend(be.EngineBackend):
                 pipeline_parallel_size=pc.pipeline_parallel_size,
                 data_parallel_size=pc.data_parallel_size,
                 data_parallel_rank=pc.data_parallel_rank,
+                decode_context_parallel_size=pc.decode_context_parallel_size,
             ),
+            max_loras=self.config.lora_config.max_loras if self.config.lora_config is not None else None,
+            extra={"device": self.config.device_config.device_type,
+                   "scheduler_policy": self.config.scheduler_config.policy,
+                   "prefix_caching": bool(self.config.cache_config.enable_prefix_caching)},
         )
 
     def models(self) -> list[be.ModelCard]:
@@ -201,6 +208,8 @@ class VllmBackend(be.EngineBackend):
             supports_lora=self.config.lora_config is not None,
             supports_multimodal=bool(mc.is_multimodal_model),
             tasks=self._task_support() if self.role == EngineRole.AGGREGATED else None,
+            extra={"dtype": str(mc.dtype).removeprefix("torch."), "kv_cache_dtype": str(cc.cache_dtype),
+                   "max_logprobs": mc.max_logprobs, **({"quantization": mc.quantization} if mc.quantization else {})},
         )
 
     def _task_support(self) -> be.TaskSupport | None:
@@ -437,6 +446,7 @@ class VllmBackend(be.EngineBackend):
                 lora_request=self._lora(params.lora_name),
                 priority=translate.engine_priority(params.priority),
                 data_parallel_rank=params.data_parallel_rank,
+                trace_headers=params.trace_headers or None,
             )
         except RequestRejected:
             raise

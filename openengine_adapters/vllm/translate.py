@@ -19,6 +19,16 @@ from openengine_adapters.types import CandidateMode, ErrorCode, FinishReason
 MAX_LOGPROB_TOKEN_IDS = 128
 
 
+# v0.1.0 GenerateRequest.extra keys this adapter applies: vLLM SamplingParams fields with no portable field
+REQUEST_EXTRA = {
+    "skip_special_tokens": be.ExtraKey("bool", "vLLM SamplingParams.skip_special_tokens (default true)"),
+    "spaces_between_special_tokens": be.ExtraKey(
+        "bool", "vLLM SamplingParams.spaces_between_special_tokens (default true)"),
+    "allowed_token_ids": be.ExtraKey("int_list", "vLLM SamplingParams.allowed_token_ids: sample only these ids"),
+    "bad_words": be.ExtraKey("string_list", "vLLM SamplingParams.bad_words: words never generated"),
+}
+
+
 def sampling_kwargs(p: be.GenerateParams) -> dict[str, Any]:
     """SamplingParams keyword arguments for a validated request: the shared options, plus an
     explicit ``max_tokens`` (absent: None, so vLLM generates up to the context length), logprob
@@ -49,6 +59,7 @@ def sampling_kwargs(p: be.GenerateParams) -> dict[str, Any]:
     if p.metadata:
         # visible to logits processors and plugins; vLLM itself ignores unknown extra_args
         kw["extra_args"] = {"openengine_metadata": dict(p.metadata)}
+    kw.update(p.extra)  # already checked against REQUEST_EXTRA (names are SamplingParams fields)
     return kw
 
 
