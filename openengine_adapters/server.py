@@ -97,6 +97,15 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                             "v0.1.0 (openengine.v1.Inference + Control), or both (default)")
 
 
+def plugin_server_config(port_env: str, host_env: str, max_in_flight_env: str) -> ServerConfig:
+    """The server settings of an in-engine plugin, from its environment (the sidecars' flags as
+    variables): host, port, admission limit, and ``OPENENGINE_SURFACES`` (the ``--surfaces`` value)."""
+    max_in_flight = os.environ.get(max_in_flight_env)
+    return ServerConfig(host=os.environ.get(host_env, "0.0.0.0"), port=int(os.environ[port_env]),
+                        max_in_flight=int(max_in_flight) if max_in_flight else None,
+                        surfaces=parse_surfaces(os.environ.get(SURFACES_ENV)))
+
+
 def server_config_from_args(ns: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
         host=ns.host, port=ns.port, advertise_host=ns.advertise_host, instance_id=ns.instance_id,

@@ -11,7 +11,8 @@ ran, it serves OpenEngine gRPC on the same event loop, over the same ``Tokenizer
 shutdown it drains the gRPC server while the engine still runs.
 
 Environment: ``OPENENGINE_GRPC_PORT`` (required to start), ``OPENENGINE_GRPC_HOST`` (default
-0.0.0.0), ``OPENENGINE_ADVERTISE_HOST``, ``OPENENGINE_MAX_IN_FLIGHT``, ``OPENENGINE_DRAIN_GRACE_S``
+0.0.0.0), ``OPENENGINE_ADVERTISE_HOST``, ``OPENENGINE_MAX_IN_FLIGHT``, ``OPENENGINE_SURFACES`` (``--surfaces``:
+revision-1, v0.1.0 or both, the default), ``OPENENGINE_DRAIN_GRACE_S``
 (default 30). ``SGLANG_PLUGINS`` (SGLang's own filter) may name ``openengine``.
 """
 
@@ -69,7 +70,7 @@ def install(app, get_global_state) -> None:
 
 async def start_server(global_state, server_args=None):
     """An OpenEngineServer over ``sglang serve``'s tokenizer manager (not owning the engine)."""
-    from openengine_adapters.server import OpenEngineServer, ServerConfig
+    from openengine_adapters.server import OpenEngineServer, plugin_server_config
     from openengine_adapters.sglang.backend import SglangBackend, SglangOptions
     from openengine_adapters.sglang.engine import sglang_version
 
@@ -80,9 +81,7 @@ async def start_server(global_state, server_args=None):
                             SglangOptions(served_model_names=names,
                                           advertise_host=os.environ.get("OPENENGINE_ADVERTISE_HOST")),
                             version=sglang_version(), owns_engine=False)
-    max_in_flight = os.environ.get(MAX_IN_FLIGHT_ENV)
-    config = ServerConfig(host=os.environ.get(HOST_ENV, "0.0.0.0"), port=int(os.environ[PORT_ENV]),
-                          max_in_flight=int(max_in_flight) if max_in_flight else None)
+    config = plugin_server_config(PORT_ENV, HOST_ENV, MAX_IN_FLIGHT_ENV)
     server = await OpenEngineServer(backend, config).start()
     log.info("OpenEngine gRPC serving the SGLang engine on %s:%d", config.host, server.port)
     return server

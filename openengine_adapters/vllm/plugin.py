@@ -11,7 +11,8 @@ exists and cannot reach it. The companion ``vllm.stat_logger_plugins`` entry (``
 runtime events from the engine's per-step scheduler stats.
 
 Environment: ``OPENENGINE_GRPC_PORT`` (required to start), ``OPENENGINE_GRPC_HOST`` (default
-0.0.0.0), ``OPENENGINE_ADVERTISE_HOST``, ``OPENENGINE_MAX_IN_FLIGHT``, ``OPENENGINE_DRAIN_GRACE_S``
+0.0.0.0), ``OPENENGINE_ADVERTISE_HOST``, ``OPENENGINE_MAX_IN_FLIGHT``, ``OPENENGINE_SURFACES`` (``--surfaces``:
+revision-1, v0.1.0 or both, the default), ``OPENENGINE_DRAIN_GRACE_S``
 (default 30: on shutdown, how long gRPC requests may finish before they are aborted).
 """
 
@@ -71,7 +72,7 @@ class OpenEnginePlugin:
             return
         import vllm
 
-        from openengine_adapters.server import OpenEngineServer, ServerConfig
+        from openengine_adapters.server import OpenEngineServer, plugin_server_config
         from openengine_adapters.vllm.backend import VllmBackend
         from openengine_adapters.vllm.disagg import default_role
 
@@ -81,9 +82,7 @@ class OpenEnginePlugin:
         backend = await VllmBackend.create(
             engine_client, role=role, served_model_names=names, stats=SHARED,
             version=vllm.__version__, owns_engine=False)
-        max_in_flight = os.environ.get(MAX_IN_FLIGHT_ENV)
-        config = ServerConfig(host=os.environ.get(HOST_ENV, "0.0.0.0"), port=int(os.environ[PORT_ENV]),
-                              max_in_flight=int(max_in_flight) if max_in_flight else None)
+        config = plugin_server_config(PORT_ENV, HOST_ENV, MAX_IN_FLIGHT_ENV)
         self.server = await OpenEngineServer(backend, config).start()
         state.openengine_server = self.server
         log.info("OpenEngine gRPC serving the vLLM engine on %s:%d", config.host, self.server.port)
