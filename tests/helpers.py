@@ -92,3 +92,28 @@ V0_1_CLIENT = pathlib.Path(__file__).with_name("v0_1_client.py")
 def v0_1_client_argv(target: str, *extra: str) -> list[str]:
     """The unmodified v0.1.0 client (tests/v0_1_client.py) as a separate process against ``target``."""
     return [sys.executable, str(V0_1_CLIENT), "--target", target, *extra]
+
+
+async def run_v0_1_client(target: str, *extra: str, timeout: float = 300.0) -> str:
+    """Run the unmodified v0.1.0 client against ``target``; assert it passed; return its output."""
+    import asyncio
+
+    proc = await asyncio.create_subprocess_exec(*v0_1_client_argv(target, *extra), stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.STDOUT)
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+    text = out.decode()
+    assert proc.returncode == 0 and " 0 failed" in text, text
+    return text
+
+
+async def v0_1_conformance(target: str, model: str, **kw):
+    """The conformance suite on the v0.1.0 surface (run it before a destructive revision-1 run: that
+    one ends with Drain); returns the report after asserting no check failed."""
+    from conformance import run_suite_async
+
+    report = await run_suite_async(target, model, contract="v0.1.0", **kw)
+    print(report.table())
+    failures = {r.name: r.reason for r in report.failures()}
+    assert not failures, "v0.1.0 conformance failures:\n" + "\n".join(f"{k}: {v}" for k, v in failures.items())
+    assert report.get("v0_1.server_info").status == "pass"
+    return report

@@ -7,7 +7,7 @@ import json
 
 import pytest
 from conftest import CPU_FLAGS
-from helpers import free_port
+from helpers import free_port, run_v0_1_client, v0_1_conformance
 from sidecar import drain_output, launch, stop
 
 from conformance import run_suite_async
@@ -25,6 +25,11 @@ async def test_conformance_suite_on_sglang(model_dir):
         "--max-in-flight", str(ADMISSION_LIMIT), "--drain-grace-s", "2")
     reader = asyncio.ensure_future(drain_output(proc, lines))
     try:
+        # v0.1.0 first: revision 1's destructive run ends with Drain
+        v01 = await v0_1_conformance(target, "tiny", destructive=True, expect_admission_limit=ADMISSION_LIMIT,
+                                     check_timeout_s=120)
+        assert v01.passed >= 40, f"only {v01.passed} v0.1.0 checks passed"
+        await run_v0_1_client(target, "--model", "tiny", "--expect-engine", "sglang")
         report = await run_suite_async(target, "tiny", destructive=True, expect_admission_limit=ADMISSION_LIMIT,
                                        check_timeout_s=120)
         print(report.table())

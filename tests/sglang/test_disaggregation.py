@@ -16,7 +16,7 @@ import grpc
 import pytest
 import pytest_asyncio
 from conftest import CPU_FLAGS
-from helpers import collect, expect_status
+from helpers import collect, expect_status, run_v0_1_client, v0_1_conformance
 from sidecar import drain_output, launch, stop
 from stream_contract import check_generate_stream
 
@@ -105,3 +105,5 @@ async def test_conformance_suite_on_the_decode_role(decode):
     print(report.table())
     assert not report.failures(), "\n".join(f"{r.name}: {r.reason}" for r in report.failures())
     assert report.passed >= 20, f"only {report.passed} checks passed"
+    await v0_1_conformance(decode.target, "tiny", check_timeout_s=120)
+    await run_v0_1_client(decode.target, "--model", "tiny", "--expect-engine", "sglang")

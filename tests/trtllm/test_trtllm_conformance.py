@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 
 import fake_trtllm
+import pytest
 from conftest import serve_trtllm
+from helpers import v0_1_client_argv
 
 from conformance import run_suite_async
 from openengine_adapters.types import EngineRole
@@ -16,11 +19,12 @@ def assert_no_failures(report):
     assert not failures, failures
 
 
-async def run(destructive=False, args=None, only=None, **options):
+async def run(destructive=False, args=None, only=None, contract="revision-1", **options):
     async with serve_trtllm(args, **options) as h:
         h.llm.step_s = 0.005  # the suite's "long" requests must still be running when it aborts them
         target = f"127.0.0.1:{h.server.port}"
-        return await run_suite_async(target, destructive=destructive, only=only, check_timeout_s=20)
+        return await run_suite_async(target, destructive=destructive, only=only, check_timeout_s=20,
+                                     contract=contract)
 
 
 async def test_conformance_on_trtllm_fake():
@@ -40,6 +44,28 @@ async def test_conformance_on_trtllm_prefill_fake():
     args = fake_trtllm.Args(cache_transceiver_config=fake_trtllm.CacheTransceiverConfig("UCX"))
     report = await run(args=args, role=EngineRole.PREFILL)
     assert_no_failures(report)
+
+
+@pytest.mark.parametrize("role", [EngineRole.AGGREGATED, EngineRole.PREFILL])
+async def test_v0_1_contract_on_trtllm_fake(role):
+    args = (fake_trtllm.Args(cache_transceiver_config=fake_trtllm.CacheTransceiverConfig("UCX"))
+            if role == EngineRole.PREFILL else None)
+    report = await run(destructive=True, args=args, role=role, contract="v0.1.0")
+    print(report.table())
+    assert_no_failures(report)
+    assert report.get("v0_1.server_info").status == "pass"
+    if role == EngineRole.AGGREGATED:
+        assert report.passed >= 50 and report.get("v0_1.metadata.repeated_key").status == "pass"
+
+
+async def test_an_unmodified_v0_1_client_on_trtllm_fake():
+    async with serve_trtllm(None) as h:
+        proc = await asyncio.create_subprocess_exec(
+            *v0_1_client_argv(f"127.0.0.1:{h.server.port}", "--expect-engine", "tensorrt_llm"),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, out.decode()
+    assert "11 passed, 0 failed" in out.decode()
 
 
 async def test_guided_checks_fail_when_the_constraint_is_lost(monkeypatch):

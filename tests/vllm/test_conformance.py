@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from helpers import run_v0_1_client, v0_1_conformance
 from sidecar import drain_output, launch, stop
 
 from conformance import run_suite_async
@@ -25,6 +26,11 @@ async def test_conformance_suite_on_vllm(model_dir):
         "--max-in-flight", str(ADMISSION_LIMIT), "--drain-grace-s", "2")
     reader = asyncio.ensure_future(drain_output(proc, lines))
     try:
+        # v0.1.0 first: revision 1's destructive run ends with Drain
+        v01 = await v0_1_conformance(target, "tiny", destructive=True, expect_admission_limit=ADMISSION_LIMIT,
+                                     check_timeout_s=120)
+        assert v01.passed >= 40, f"only {v01.passed} v0.1.0 checks passed"
+        await run_v0_1_client(target, "--model", "tiny", "--expect-engine", "vllm")
         report = await run_suite_async(target, "tiny", destructive=True, expect_admission_limit=ADMISSION_LIMIT,
                                        check_timeout_s=120)
         print(report.table())

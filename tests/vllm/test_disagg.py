@@ -15,7 +15,7 @@ import grpc
 import pytest
 import pytest_asyncio
 from google.protobuf import json_format
-from helpers import collect, expect_status, free_port, rejection
+from helpers import collect, expect_status, free_port, rejection, run_v0_1_client, v0_1_conformance
 from sidecar import drain_output, launch, stop
 from stream_contract import check_generate_stream
 
@@ -285,6 +285,8 @@ async def test_conformance_suite_on_prefill_and_decode(prefill, decode):
         print(report.table())
         assert not report.failures(), [(r.name, r.reason) for r in report.failures()]
         assert report.passed >= 20
+        await v0_1_conformance(side.target, "tiny", check_timeout_s=120)
+        await run_v0_1_client(side.target, "--model", "tiny", "--expect-engine", "vllm")
 
 
 async def test_zz_drain_forgets_open_sessions_at_its_deadline(prefill):
