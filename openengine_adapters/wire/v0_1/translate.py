@@ -77,9 +77,25 @@ HEALTH_STATE = {int(HealthState.UNSPECIFIED): lifecycle_pb2.HEALTH_STATE_UNSPECI
                 int(HealthState.NOT_READY): lifecycle_pb2.HEALTH_STATE_NOT_READY}
 
 
-def passthrough(msg, target):
-    """A message as the same-shaped message of the other contract (``PASSTHROUGH`` pairs only)."""
-    return target.FromString(msg.SerializeToString())
+def recast(msg, target, drop: tuple[str, ...] = ()):
+    """``msg`` as the other contract's ``target`` by its bytes, less the ``drop`` fields: those whose
+    number or type differs between the two contracts (the caller carries them over itself)."""
+    body = type(msg)()
+    body.CopyFrom(msg)
+    for name in drop:
+        body.ClearField(name)
+    return target.FromString(body.SerializeToString())
+
+
+def _copy_kv_options(src, dst) -> None:
+    """KvOptions' session, bypass and salt, by name (their numbers differ between the contracts)."""
+    dst.SetInParent()
+    if src.HasField("session"):
+        dst.session.ParseFromString(src.session.SerializeToString())
+    if src.HasField("bypass_prefix_cache"):
+        dst.bypass_prefix_cache = src.bypass_prefix_cache
+    if src.HasField("cache_salt"):
+        dst.cache_salt = src.cache_salt
 
 
 # --------------------------------------------------------------------------- generation
@@ -93,20 +109,9 @@ def generate_request(req: generation_pb2.GenerateRequest, *, priority: int | Non
         if item.modality == generation_pb2.MODALITY_UNSPECIFIED:
             raise invalid(f"media[{i}].modality: must be set (MODALITY_UNSPECIFIED means the sender "
                           "left it unset, and is not taken for an image)")
-    body = generation_pb2.GenerateRequest()
-    body.CopyFrom(req)
-    body.ClearField("extra")
-    body.ClearField("kv")
-    out = rev1_generation_pb2.GenerateRequest.FromString(body.SerializeToString())
+    out = recast(req, rev1_generation_pb2.GenerateRequest, ("extra", "kv"))
     if req.HasField("kv"):
-        kv, core_kv = req.kv, out.kv
-        core_kv.SetInParent()
-        if kv.HasField("session"):
-            core_kv.session.ParseFromString(kv.session.SerializeToString())
-        if kv.HasField("bypass_prefix_cache"):
-            core_kv.bypass_prefix_cache = kv.bypass_prefix_cache
-        if kv.HasField("cache_salt"):
-            core_kv.cache_salt = kv.cache_salt
+        _copy_kv_options(req.kv, out.kv)
     if target_dp_rank is not None:
         out.kv.data_parallel_rank = target_dp_rank
     if priority is not None:
@@ -140,17 +145,17 @@ def kv_events_error(err: rev1_error_pb2.EngineError) -> kv_pb2.SubscribeKvEvents
 # --------------------------------------------------------------------------- discovery
 
 
+# revision 1's ModelInfo fields that v0.1.0 moved into ServerInfo.capacity
+CAPACITY_FIELDS = ("kv_block_size", "total_kv_blocks", "max_running_requests", "max_batched_tokens")
+
+
 def _struct(target, values: Mapping[str, Any]) -> None:
     if values:
         json_format.ParseDict(dict(values), target)
 
 
 def kv_connector(info: rev1_kv_pb2.KvConnectorInfo) -> kv_pb2.KvConnectorInfo:
-    body = rev1_kv_pb2.KvConnectorInfo()
-    body.CopyFrom(info)
-    body.ClearField("supports_drain")
-    body.ClearField("schema_version")
-    out = kv_pb2.KvConnectorInfo.FromString(body.SerializeToString())
+    out = recast(info, kv_pb2.KvConnectorInfo, ("supports_drain", "schema_version"))
     if info.HasField("schema_version"):
         out.schema_version = info.schema_version
     return out
@@ -169,7 +174,7 @@ def server_info(info: engine_pb2.EngineInfo, identity: be.EngineIdentity, defaul
     cap = out.capacity
     cap.SetInParent()
     if default_card is not None:
-        for name in ("kv_block_size", "total_kv_blocks", "max_running_requests", "max_batched_tokens"):
+        for name in CAPACITY_FIELDS:
             value = getattr(default_card, name)
             if value is not None:
                 setattr(cap, name, value)
@@ -180,11 +185,7 @@ def server_info(info: engine_pb2.EngineInfo, identity: be.EngineIdentity, defaul
 
 
 def model_info(info: rev1_model_pb2.ModelInfo, extra: Mapping[str, Any]) -> model_pb2.ModelInfo:
-    body = rev1_model_pb2.ModelInfo()
-    body.CopyFrom(info)
-    for moved in ("kv_block_size", "total_kv_blocks", "max_running_requests", "max_batched_tokens", "tasks"):
-        body.ClearField(moved)
-    out = model_pb2.ModelInfo.FromString(body.SerializeToString())
+    out = recast(info, model_pb2.ModelInfo, (*CAPACITY_FIELDS, "tasks"))
     _struct(out.extra, extra)
     return out
 
@@ -220,25 +221,14 @@ def v0_1_generate_request(req: rev1_generation_pb2.GenerateRequest
                           ) -> tuple[generation_pb2.GenerateRequest, list[tuple[str, str]]]:
     """A revision-1 request as v0.1.0 sends it: the body, and the gRPC metadata for priority, the DP
     target and revision 1's ``metadata`` map (application keys)."""
-    body = rev1_generation_pb2.GenerateRequest()
-    body.CopyFrom(req)
-    for moved in ("priority", "metadata", "kv"):
-        body.ClearField(moved)
-    out = generation_pb2.GenerateRequest.FromString(body.SerializeToString())
+    out = recast(req, generation_pb2.GenerateRequest, ("priority", "metadata", "kv"))
     metadata = [(key, value) for key, value in sorted(req.metadata.items())]
     if req.HasField("priority"):
         metadata.append(("openengine-priority", str(req.priority)))
     if req.HasField("kv"):
-        kv = req.kv
-        out.kv.SetInParent()
-        if kv.HasField("session"):
-            out.kv.session.ParseFromString(kv.session.SerializeToString())
-        if kv.HasField("bypass_prefix_cache"):
-            out.kv.bypass_prefix_cache = kv.bypass_prefix_cache
-        if kv.HasField("cache_salt"):
-            out.kv.cache_salt = kv.cache_salt
-        if kv.HasField("data_parallel_rank"):
-            metadata.append(("openengine-target-dp-rank", str(kv.data_parallel_rank)))
+        _copy_kv_options(req.kv, out.kv)
+        if req.kv.HasField("data_parallel_rank"):
+            metadata.append(("openengine-target-dp-rank", str(req.kv.data_parallel_rank)))
     return out, metadata
 
 
@@ -266,14 +256,8 @@ def revision1_engine_info(info: server_pb2.ServerInfo) -> engine_pb2.EngineInfo:
         instance_id=info.instance_id, supported_models=info.supported_models,
         schema_revision=info.schema_revision, minimum_client_revision=info.minimum_client_revision,
         schema_release=info.schema_release)
-    parallelism = server_pb2.ParallelismInfo()
-    parallelism.CopyFrom(info.parallelism)
-    parallelism.ClearField("decode_context_parallel_size")
-    out.parallelism.ParseFromString(parallelism.SerializeToString())
-    conn = kv_pb2.KvConnectorInfo()
-    conn.CopyFrom(info.kv_connector)
-    conn.ClearField("schema_version")
-    out.kv_connector.ParseFromString(conn.SerializeToString())
+    out.parallelism.CopyFrom(recast(info.parallelism, engine_pb2.ParallelismInfo, ("decode_context_parallel_size",)))
+    out.kv_connector.CopyFrom(recast(info.kv_connector, rev1_kv_pb2.KvConnectorInfo, ("schema_version",)))
     if info.kv_connector.HasField("schema_version"):
         out.kv_connector.schema_version = info.kv_connector.schema_version
     return out
@@ -281,22 +265,16 @@ def revision1_engine_info(info: server_pb2.ServerInfo) -> engine_pb2.EngineInfo:
 
 def revision1_model_info(mi: model_pb2.ModelInfo, capacity: server_pb2.DeploymentCapacity | None
                          ) -> rev1_model_pb2.ModelInfo:
-    body = model_pb2.ModelInfo()
-    body.CopyFrom(mi)
-    body.ClearField("extra")
-    out = rev1_model_pb2.ModelInfo.FromString(body.SerializeToString())
+    out = recast(mi, rev1_model_pb2.ModelInfo, ("extra",))
     if capacity is not None:  # v0.1.0 moved these four to ServerInfo.capacity
-        for name in ("kv_block_size", "total_kv_blocks", "max_running_requests", "max_batched_tokens"):
+        for name in CAPACITY_FIELDS:
             if capacity.HasField(name):
                 setattr(out, name, getattr(capacity, name))
     return out
 
 
 def revision1_load_info(load: server_pb2.LoadInfo) -> rev1_observability_pb2.LoadInfo:
-    body = server_pb2.LoadInfo()
-    body.CopyFrom(load)
-    body.ClearField("attributes")
-    out = rev1_observability_pb2.LoadInfo.FromString(body.SerializeToString())
+    out = recast(load, rev1_observability_pb2.LoadInfo, ("attributes",))
     values = discovery.struct_dict(load.attributes)
     out.attributes.update({k: discovery.attribute_text(int(v) if isinstance(v, float) and v.is_integer() else v)
                            for k, v in values.items()})
