@@ -10,7 +10,7 @@ import importlib.metadata
 import grpc
 import pytest
 from conftest import CPU_FLAGS
-from helpers import collect, free_port
+from helpers import collect, free_port, run_v0_1_client
 from sidecar import drain_output, spawn, stop
 
 from openengine_adapters.v1 import engine_pb2, openengine_pb2_grpc
@@ -58,6 +58,8 @@ async def test_grpc_inside_sglang_http_server(model_dir):
             responses = await collect(stub, r, timeout=60)
             assert responses[-1].finished.reason == g.FINISH_REASON_LENGTH
             assert responses[-1].usage.completion_tokens == 4
+            # v0.1.0 (Inference + Control) on the same port, checked by an unmodified v0.1.0 client
+            await run_v0_1_client(f"127.0.0.1:{grpc_port}", "--model", "tiny", "--expect-engine", "sglang")
     finally:
         await stop(proc, timeout=60)
         reader.cancel()

@@ -12,7 +12,7 @@ import urllib.request
 
 import grpc
 import pytest
-from helpers import collect, free_port, read_rest
+from helpers import collect, free_port, read_rest, run_v0_1_client
 from stream_contract import check_generate_stream
 
 from openengine_adapters.client import OpenEngineClient
@@ -48,6 +48,9 @@ async def test_vllm_serve_with_plugin_serves_both_protocols(model_dir):
         sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", str(model_dir),
         "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(http_port), "--enforce-eager",
         "--gpu-memory-utilization", "0.2", "--max-model-len", "256", "--shutdown-timeout", "60",
+        # vLLM's CPU default for a float32 model is bfloat16, whose oneDNN AMX kernels die with SIGILL
+        # where the kernel does not grant AMX (these sandboxes); every other vLLM test passes this too
+        "--dtype", "float32",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env)
     lines = []
     try:
@@ -68,6 +71,8 @@ async def test_vllm_serve_with_plugin_serves_both_protocols(model_dir):
             assert len(s.token_ids[0]) == 3
             load = await stub.GetLoad(obs.GetLoadRequest())
             assert load.total_kv_blocks > 0 and load.running_requests == 0
+            # v0.1.0 (Inference + Control) on the same port, checked by an unmodified v0.1.0 client
+            await run_v0_1_client(f"127.0.0.1:{grpc_port}", "--model", "tiny", "--expect-engine", "vllm")
             # SIGTERM to vllm serve with --shutdown-timeout: vLLM drains its engine before it stops,
             # so a gRPC stream in flight runs to its finish, then the gRPC server stops with the app
             long = g.GenerateRequest(prompt="The cat", stopping=g.StoppingOptions(max_tokens=200, ignore_eos=True))
