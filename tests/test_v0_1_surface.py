@@ -358,3 +358,44 @@ async def test_an_unmodified_v0_1_client_in_its_own_process(oe):
     text = out.decode()
     assert proc.returncode == 0, text
     assert "11 passed, 0 failed" in text, text
+
+
+async def test_a_reflection_only_client_calls_every_service(oe):
+    """What grpcurl does: descriptors from server reflection alone, a JSON request, raw bytes on the wire."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    stub = reflection_pb2_grpc.ServerReflectionStub(oe.channel)
+    pool, seen = descriptor_pool.DescriptorPool(), set()
+
+    async def load(symbol):
+        out = [r async for r in stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(
+            file_containing_symbol=symbol)]))]
+        protos = [descriptor_pb2.FileDescriptorProto.FromString(b)
+                  for b in out[0].file_descriptor_response.file_descriptor_proto]
+        pending = {p.name: p for p in protos if p.name not in seen}
+        while pending:  # add each file after its dependencies
+            for name, proto in list(pending.items()):
+                if all(d in seen or d not in pending for d in proto.dependency):
+                    if proto.name not in seen:
+                        pool.Add(proto)
+                        seen.add(proto.name)
+                    del pending[name]
+
+    calls = {"openengine.v1.Control": ("GetServerInfo", {}),
+             "openengine.v1.Inference": ("Generate", {"prompt": "hi", "stopping": {"maxTokens": 2}}),
+             "openengine.v1.OpenEngine": ("GetEngineInfo", {})}
+    for service, (method, body) in calls.items():
+        await load(service)
+        desc = pool.FindServiceByName(service).methods_by_name[method]
+        request = json_format.ParseDict(body, message_factory.GetMessageClass(desc.input_type)())
+        response_class = message_factory.GetMessageClass(desc.output_type)
+        path = f"/{service}/{method}"
+        kind = oe.channel.unary_stream if desc.server_streaming else oe.channel.unary_unary
+        call = kind(path, request_serializer=lambda m: m.SerializeToString(),
+                    response_deserializer=response_class.FromString)
+        if desc.server_streaming:
+            out = [json_format.MessageToDict(r) async for r in call(request, timeout=10)]
+            assert "finished" in out[-1], out
+        else:
+            out = json_format.MessageToDict(await call(request, timeout=10))
+            assert out["engineName"] == "fake", out
