@@ -6,7 +6,7 @@ import pytest
 from helpers import gen_request
 
 from openengine_adapters import schema
-from openengine_adapters.client import IncompatibleServer, OpenEngineClient, check_compatible
+from openengine_adapters.client import IncompatibleServer, NotOnSurface, OpenEngineClient, check_compatible
 from openengine_adapters.rerank import NotRankable, rerank
 from openengine_adapters.v1 import engine_pb2, scoring_pb2, tasks_pb2
 
@@ -47,6 +47,29 @@ async def test_client_refuses_incompatible_server(oe, monkeypatch):
     client = OpenEngineClient(oe.target)
     with pytest.raises(IncompatibleServer):
         await client.connect()
+
+
+async def test_client_on_the_v0_1_surface(oe):
+    async with OpenEngineClient(oe.target, contract="v0.1.0") as client:
+        assert client.engine_info.schema_release == schema.V0_1_SCHEMA_RELEASE
+        events = [r async for r in client.generate(gen_request("hi", stopping={"max_tokens": 2}, priority=3))]
+        assert events[-1].HasField("usage") and oe.fake.seen_params[-1].priority == 3
+        mi = await client.get_model_info("tiny")
+        assert mi.kv_block_size == 16, "capacity moved to ServerInfo is seen in its revision-1 place"
+        assert (await client.get_load()).attributes["warm"] == "true"
+        with pytest.raises(NotOnSurface, match="Drain"):
+            client.drain()
+        with pytest.raises(NotOnSurface, match="Embed"):
+            await client.embed(None)
+
+
+async def test_v0_1_client_fails_closed(oe, monkeypatch):
+    monkeypatch.setattr(schema, "V0_1_SCHEMA_RELEASE", schema.SCHEMA_RELEASE)  # a release it was not tested with
+    client = OpenEngineClient(oe.target, contract="v0.1.0")
+    with pytest.raises(IncompatibleServer, match="not a tested release"):
+        await client.connect()
+    with pytest.raises(ValueError, match="contract"):
+        OpenEngineClient(oe.target, contract="v2")
 
 
 def score_response(values, higher=True, indexes=None):
