@@ -1,10 +1,13 @@
-"""Developer and CI sessions. `nox -s lint unit vllm sglang` is the test command CI runs (.ci/run)."""
+"""Developer and CI sessions. `nox -s lint unit vllm sglang docker` is the test command CI runs (.ci/run)."""
 
+import shutil
+import subprocess
+import time
 from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["lint", "unit", "vllm", "sglang"]
+nox.options.sessions = ["lint", "unit", "vllm", "sglang", "docker"]
 SGLANG_TESTS = Path(__file__).resolve().parent / "tests" / "sglang"
 nox.options.reuse_existing_virtualenvs = True
 
@@ -43,6 +46,42 @@ def sglang(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "tests/sglang", "-p", "no:cacheprovider", *session.posargs,
                 env={"PYTHONPATH": str(SGLANG_TESTS / "shims"), "SGLANG_USE_CPU_ENGINE": "1",
                      "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+
+
+DOCKER = "/usr/bin/docker"  # apt's client: a newer one earlier on PATH may want a buildx plugin
+
+
+@nox.session
+def docker(session: nox.Session) -> None:
+    """The engine images (docker/) built, run and checked by tests/docker, from a local Debian base.
+
+    Installs docker.io and mmdebstrap when missing, starts dockerd when none runs (and stops it,
+    with the build cache it made, at the end); the tests remove every image and container they make.
+    """
+    if not (shutil.which("mmdebstrap") and Path(DOCKER).exists()):
+        session.run("apt-get", "update", "-qq", external=True)
+        session.run("apt-get", "install", "-y", "-qq", "--no-install-recommends", "docker.io", "mmdebstrap",
+                    external=True, env={"DEBIAN_FRONTEND": "noninteractive"})
+    daemon = None
+    if subprocess.run([DOCKER, "info"], capture_output=True).returncode != 0:
+        log = open(Path(session.create_tmp()) / "dockerd.log", "w")  # closed when dockerd has stopped
+        daemon = subprocess.Popen(["/usr/sbin/dockerd"], stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while subprocess.run([DOCKER, "info"], capture_output=True).returncode != 0:
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                session.error(f"dockerd did not start; see {log.name}")
+            time.sleep(0.5)
+    try:
+        session.install("-e", ".[test]")
+        session.run("python", "-m", "pytest", "tests/docker", "-p", "no:cacheprovider", "-s", *session.posargs,
+                    env={"OPENENGINE_DOCKER": DOCKER})
+    finally:
+        if daemon is not None:
+            subprocess.run([DOCKER, "builder", "prune", "-af"], capture_output=True)
+            subprocess.run([DOCKER, "image", "prune", "-f"], capture_output=True)  # tags the builds took over
+            daemon.terminate()
+            daemon.wait(120)
+            log.close()
 
 
 @nox.session
