@@ -56,6 +56,7 @@ class ServerConfig(BaseModel):
     drain_grace_s: float = Field(30.0, ge=0)
     max_message_mb: int = Field(64, gt=0)
     surfaces: tuple[str, ...] = SURFACES
+    coalesce_max_delay_ms: float = Field(20.0, ge=0)
 
 
 def resolve_advertise_host(bind_host: str, flag: str | None) -> str:
@@ -92,6 +93,10 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                        help="on SIGTERM, how long running requests may finish before abort")
     group.add_argument("--health-interval-s", type=float, default=d.health_interval_s,
                        help="how often grpc.health.v1 is refreshed from the engine")
+    group.add_argument("--coalesce-max-delay-ms", type=float, default=d.coalesce_max_delay_ms,
+                       help="adaptive coalescing: when the server falls behind, token deltas of a stream may "
+                            "wait this long to share one message (first tokens and finishes never wait); "
+                            "0 turns it off")
     group.add_argument("--surfaces", default="both",
                        help="contract surfaces to serve on the port: revision-1 (openengine.v1.OpenEngine), "
                             "v0.1.0 (openengine.v1.Inference + Control), or both (default)")
@@ -111,7 +116,7 @@ def server_config_from_args(ns: argparse.Namespace) -> ServerConfig:
         host=ns.host, port=ns.port, advertise_host=ns.advertise_host, instance_id=ns.instance_id,
         max_in_flight=ns.max_in_flight, retry_after_ms=ns.retry_after_ms,
         drain_grace_s=ns.drain_grace_s, health_interval_s=ns.health_interval_s,
-        surfaces=parse_surfaces(ns.surfaces),
+        surfaces=parse_surfaces(ns.surfaces), coalesce_max_delay_ms=ns.coalesce_max_delay_ms,
     )
 
 
@@ -127,6 +132,7 @@ class OpenEngineServer:
             finished_id_memory=config.finished_id_memory,
             advertise_host=resolve_advertise_host(config.host, config.advertise_host),
             probe_timeout_s=config.probe_timeout_s,
+            coalesce_max_delay_ms=config.coalesce_max_delay_ms,
         ))
         limit = config.max_message_mb * 1024 * 1024
         self.grpc_server = grpc.aio.server(options=[

@@ -14,6 +14,7 @@ the engine's work; a request's admission slot and id are held until the engine c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -30,6 +31,7 @@ from openengine_adapters import discovery, schema
 from openengine_adapters.backend import EngineBackend, GenerateParams, LoadSnapshot, LoraAdapterInfo
 from openengine_adapters.core.admission import Admission
 from openengine_adapters.core.catalog import ModelCatalog
+from openengine_adapters.core.coalescing import Coalescer, LoopLag, coalesced
 from openengine_adapters.core.drain import Lifecycle, run_drain
 from openengine_adapters.core.health import HealthReporter
 from openengine_adapters.core.registry import LiveRequest, RequestRegistry
@@ -70,6 +72,7 @@ class ServiceOptions:
     finished_id_memory: int = 65536
     advertise_host: str = "127.0.0.1"
     probe_timeout_s: float = 30.0
+    coalesce_max_delay_ms: float = 20.0  # 0 turns adaptive coalescing off
 
 
 def _unimplemented(what: str) -> RequestRejected:
@@ -139,6 +142,9 @@ class EngineService:
         self.lifecycle = Lifecycle()
         self.health = HealthReporter(backend, self.lifecycle, self.identity.role,
                                      probe_timeout_s=options.probe_timeout_s)
+        # adaptive coalescing of token messages under load (core.coalescing); None = off
+        self.coalescer = (Coalescer(LoopLag(), options.coalesce_max_delay_ms / 1000)
+                          if options.coalesce_max_delay_ms > 0 else None)
         self._loras: dict[str, LoraAdapterInfo] = {}
         self._lora_lock = asyncio.Lock()
         self._cleanups: set[asyncio.Task] = set()
@@ -172,6 +178,8 @@ class EngineService:
             raise _unimplemented(what)
 
     async def start(self) -> None:
+        if self.coalescer is not None:
+            self.coalescer.lag.start()
         await self.backend.start()
         if Feature.LORA in self.backend.features:
             for adapter in await self.backend.list_loras():
@@ -199,18 +207,15 @@ class EngineService:
             try:
                 if entry.aborted:  # Abort arrived while the engine was taking the request
                     await self.backend.abort([entry.request_id])
-                async for chunk in chunks:
-                    if entry.aborted and entry.abort_code != ErrorCode.CANCELLED:
-                        break  # a drain abort ends with its retryable error, whatever the engine sent
-                    if chunk.prefill_ready is not None:
-                        self.registry.add_session(chunk.prefill_ready)
-                    for response in assembler.feed(chunk):
-                        yield response
-                    if assembler.done:
-                        engine_ended = True
-                        break
-                else:
-                    engine_ended = True
+                ended = [False]
+                batches = self._batches(entry, chunks, assembler, ended)
+                if self.coalescer is not None:
+                    batches = coalesced(batches, self.coalescer)
+                async with contextlib.aclosing(batches):
+                    async for batch in batches:
+                        for response in batch:
+                            yield response
+                engine_ended = ended[0]
                 if not assembler.done:
                     if entry.abort_code == ErrorCode.CANCELLED:
                         for response in assembler.cancel_remaining(entry.abort_message):
@@ -237,6 +242,24 @@ class EngineService:
                 await cleanup
             else:  # cancelled: finish off the engine work without blocking the cancellation
                 self._background(cleanup)
+
+    async def _batches(self, entry: LiveRequest, chunks, assembler: GenerateStream, ended: list[bool]):
+        """The responses of each engine chunk, in order; ``ended[0]`` is set when the engine's own
+        stream ended the request (so it need not be told to stop)."""
+        async for chunk in chunks:
+            if entry.aborted and entry.abort_code != ErrorCode.CANCELLED:
+                return  # a drain abort ends with its retryable error, whatever the engine sent
+            if chunk.prefill_ready is not None:
+                self.registry.add_session(chunk.prefill_ready)
+            batch = assembler.feed(chunk)
+            if assembler.done:
+                ended[0] = True
+                if batch:
+                    yield batch
+                return
+            if batch:
+                yield batch
+        ended[0] = True
 
     def _background(self, coro) -> None:
         task = asyncio.ensure_future(coro)
@@ -610,5 +633,7 @@ class EngineService:
                 log.error("drain on shutdown ended with an error: %s", event.error.message)
         if self._cleanups:
             await asyncio.gather(*self._cleanups, return_exceptions=True)
+        if self.coalescer is not None:
+            await self.coalescer.lag.stop()
 
 
