@@ -1,11 +1,12 @@
 """``python -m conformance --target HOST:PORT [--contract revision-1|v0.1.0|both] [--model NAME] [--destructive]
-[--json FILE] [--only PATTERN]``."""
+[--json FILE] [--only PATTERN] [--tls-ca-file CA [--tls-cert-file CERT --tls-key-file KEY]] [--token KEY]``."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
 import sys
 
 from conformance.runner import run_suite_async
@@ -37,6 +38,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long-request-metadata", action="append", default=[], metavar="KEY=VALUE",
                    help="metadata attached to requests that must stay running (e.g. to slow a test engine)")
     p.add_argument("--timeout", type=float, default=60.0, help="per-call timeout in seconds (default 60)")
+    p.add_argument("--tls", action="store_true", help="connect with TLS, trusting the system's CA roots")
+    p.add_argument("--tls-ca-file", help="connect with TLS, trusting this PEM CA bundle")
+    p.add_argument("--tls-cert-file", help="mTLS: the client certificate (PEM) to present")
+    p.add_argument("--tls-key-file", help="mTLS: the client certificate's key (PEM)")
+    p.add_argument("--token", default=os.environ.get("OPENENGINE_API_KEY"),
+                   help="bearer token sent as 'authorization: Bearer TOKEN' (default: $OPENENGINE_API_KEY); "
+                        "destructive checks need an operator's (admin) key where the server has one")
     p.add_argument("--list", action="store_true", help="list the checks and exit")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the summary line and failures")
     args = p.parse_args(argv)
@@ -58,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             args.target, args.model, args.destructive, only=args.only,
             expect_admission_limit=args.expect_admission_limit,
             long_metadata=parse_metadata(args.long_request_metadata), check_timeout_s=args.timeout,
-            contract=contract))
+            contract=contract, tls=args.tls, tls_ca_file=args.tls_ca_file, tls_cert_file=args.tls_cert_file,
+            tls_key_file=args.tls_key_file, token=args.token))
         reports.append(report)
         if args.quiet:
             for r in report.failures():

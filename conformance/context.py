@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 import grpc
 
 from conformance.registry import CheckFailed, Skip, expect
+from openengine_adapters.security.channel import open_channel
 from openengine_adapters.v1 import (
     engine_pb2,
+    error_pb2,
     generation_pb2,
     model_pb2,
     observability_pb2,
@@ -32,8 +34,18 @@ class Options:
     destructive: bool = False
     expect_admission_limit: int | None = None
     long_metadata: dict[str, str] = field(default_factory=dict)
+    # opt-in engine hooks for test engines (each enables checks a plain run skips; see registry.ENABLE)
+    fail_metadata: dict[str, str] = field(default_factory=dict)  # makes an accepted request fail mid-stream
+    serial_metadata: dict[str, str] = field(default_factory=dict)  # requests carrying it run one at a time
+    lora_dir: str | None = None  # an absolute directory the target loads as a LoRA adapter
     check_timeout_s: float = 60.0
     settle_timeout_s: float = 5.0
+    # transport and credentials (openengine_adapters.security.channel.open_channel)
+    tls: bool = False
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    token: str | None = None
 
 
 @dataclass
@@ -66,6 +78,44 @@ class Stream:
 
 def _n(req) -> int:
     return req.sampling.num_sequences if req.sampling.HasField("num_sequences") else 1
+
+
+def _token_strings(s: Stream, req) -> None:
+    """"Each prompt or output token is represented by one TokenInfo, so its ID, text, score, rank, and
+    candidates cannot become positionally misaligned": a token id names one string wherever the stream
+    spells it (a TokenInfo and the candidate entries that carry the same id)."""
+    seen: dict[int, str] = {}
+
+    def note(token_id: int, text: str, where: str) -> None:
+        if not text:
+            return
+        prev = seen.setdefault(token_id, text)
+        expect(prev == text, f"token id {token_id} is spelled {prev!r} and {text!r} ({where}): a TokenInfo's "
+               "token must be its own id's string")
+
+    infos = list(s.prompt.tokens) if s.prompt is not None else []
+    for tokens in s.tokens.values():
+        infos.extend(tokens)
+    for info in infos:
+        for c in info.candidates:
+            note(c.token_id, c.token, "candidate")
+    for info in infos:
+        note(info.token_id, info.token, "TokenInfo")
+
+
+def _stop_match(f, req, i: int) -> None:
+    """"When FinishReason is STOP, stop_match identifies the matched caller stop token, stop string, or
+    model EOS token": a caller stop it names must be one the caller asked for."""
+    m = f.stop_match.WhichOneof("match")
+    conds = req.stopping.conditions
+    if m == "stop_text":
+        texts = [c.stop_text for c in conds if c.WhichOneof("condition") == "stop_text"]
+        expect(f.stop_match.stop_text in texts, f"stop_match.stop_text {f.stop_match.stop_text!r} (index {i}) is "
+               f"not a requested stop string {texts}")
+    elif m == "stop_token_id":
+        ids = [c.stop_token_id for c in conds if c.WhichOneof("condition") == "stop_token_id"]
+        expect(f.stop_match.stop_token_id in ids, f"stop_match.stop_token_id {f.stop_match.stop_token_id} (index "
+               f"{i}) is not a requested stop token {ids} (a model EOS is eos_token_id)")
 
 
 def check_stream(req, responses, prefill: bool = False) -> Stream:
@@ -128,6 +178,7 @@ def check_stream(req, responses, prefill: bool = False) -> Stream:
             expect(f.reason != G.FINISH_REASON_UNSPECIFIED, f"finish reason UNSPECIFIED for index {i}")
             if f.reason == G.FINISH_REASON_STOP:
                 expect(f.stop_match.WhichOneof("match") is not None, f"reason STOP without stop_match (index {i})")
+                _stop_match(f, req, i)
             s.finished[i] = f
             if len(s.finished) == n:
                 terminal = True
@@ -161,6 +212,7 @@ def check_stream(req, responses, prefill: bool = False) -> Stream:
         if len(nonempty) >= 3 and all(nonempty[k].startswith(nonempty[k - 1]) and
                                       len(nonempty[k]) > len(nonempty[k - 1]) for k in range(1, len(nonempty))):
             raise CheckFailed(f"TokenOutput.text looks cumulative for index {i}: {nonempty[:4]!r}")
+    _token_strings(s, req)
     return s
 
 
@@ -183,7 +235,9 @@ class Ctx:
         self._seed_supported: bool | None = None
 
     async def open(self) -> None:
-        self.channel = grpc.aio.insecure_channel(self.target)
+        o = self.options
+        self.channel = open_channel(self.target, tls=o.tls, ca_file=o.tls_ca_file, cert_file=o.tls_cert_file,
+                                    key_file=o.tls_key_file, token=o.token)
         # v0.1.0: the same revision-1-typed calls on Inference + Control (RPCs it lacks: NotOnSurface)
         self.stub = (V01Stub(self.channel) if self.options.contract == "v0.1.0"
                      else openengine_pb2_grpc.OpenEngineStub(self.channel))
@@ -217,6 +271,15 @@ class Ctx:
     def gen_caps(self) -> model_pb2.GenerationCapabilities:
         return self.mi().generation
 
+    @staticmethod
+    def reported(msg, name: str, what: str) -> None:
+        """Called when the target refused an option whose capability ``msg.name`` is unreported:
+        "Discovery response scalars use proto3 optional presence. An absent value means the engine
+        cannot report the value" -- an engine that enforces the capability knows it, so it reports an
+        explicit false rather than leaving it out."""
+        expect(msg.HasField(name), f"{what} is refused, yet {name} is absent (unreported): a capability the "
+               "server enforces is known, so it must be reported as an explicit false")
+
     def require_generation(self) -> None:
         """Skip unless the role runs normal (aggregated) generation and the model takes text or ids."""
         if self.role == engine_pb2.ENGINE_ROLE_PREFILL:
@@ -230,8 +293,11 @@ class Ctx:
             raise Skip("the model advertises no generation capabilities (a pooling/task-only model)")
 
     def generates(self) -> bool:
-        """A model generates unless it omits GenerationCapabilities while advertising non-generative tasks."""
+        """A model generates unless it omits GenerationCapabilities while advertising non-generative tasks
+        (v0.1.0 has no tasks in ModelInfo: there a model without GenerationCapabilities does not generate)."""
         mi = self.mi()
+        if self.options.contract == "v0.1.0":
+            return mi.HasField("generation")
         return mi.HasField("generation") or not mi.HasField("tasks")
 
     def rid(self, tag: str) -> str:
@@ -299,6 +365,7 @@ class Ctx:
             expect(exc.code() in codes, f"{what}: expected {names}, got {exc.code().name}: {exc.details()}")
             stream_events = [e for e in events if e is not None]
             expect(not stream_events, f"{what}: {len(stream_events)} event(s) sent before the rejection")
+            check_error_trailer(exc, what)
             return exc
         names = "/".join(c.name for c in codes)
         summary = events[-1] if len(events) == 1 else f"{len(events)} events"
@@ -355,6 +422,46 @@ class Ctx:
                 raise CheckFailed(f"GetLoad.running_requests is still {n} "
                                   f"{self.options.settle_timeout_s:g}s after {what}")
             await asyncio.sleep(0.1)
+
+
+ERROR_TRAILER = "openengine-error-bin"
+C = grpc.StatusCode
+E = error_pb2.ErrorCode
+# the EngineError codes that name the same failure as a status (the spec's ErrorCode beside gRPC's)
+TRAILER_CODES = {
+    C.INVALID_ARGUMENT: {E.ERROR_CODE_INVALID_ARGUMENT, E.ERROR_CODE_UNSUPPORTED_FEATURE},
+    C.NOT_FOUND: {E.ERROR_CODE_MODEL_NOT_FOUND, E.ERROR_CODE_REQUEST_NOT_FOUND, E.ERROR_CODE_KV_SESSION_NOT_FOUND},
+    C.RESOURCE_EXHAUSTED: {E.ERROR_CODE_OVERLOADED},
+    C.FAILED_PRECONDITION: {E.ERROR_CODE_ROLE_MISMATCH, E.ERROR_CODE_UNSUPPORTED_FEATURE,
+                            E.ERROR_CODE_INVALID_ARGUMENT},
+}
+
+
+def error_trailer(exc: grpc.aio.AioRpcError) -> error_pb2.EngineError | None:
+    values = [v for k, v in exc.trailing_metadata() or () if k == ERROR_TRAILER]
+    if not values:
+        return None
+    expect(len(values) == 1, f"{len(values)} {ERROR_TRAILER} trailers")
+    try:
+        return error_pb2.EngineError.FromString(values[0])
+    except Exception as e:  # noqa: BLE001 - any decode failure is the violation
+        raise CheckFailed(f"the {ERROR_TRAILER} trailer is not a serialized EngineError ({e})") from None
+
+
+def check_error_trailer(exc: grpc.aio.AioRpcError, what: str) -> None:
+    """A rejection's machine-readable twin, where the server sends one (``openengine-error-bin``): an
+    EngineError whose code is not UNSPECIFIED and names the same failure as the status, with
+    retry_after_ms only on a retryable error."""
+    err = error_trailer(exc)
+    if err is None:
+        return
+    expect(err.code != E.ERROR_CODE_UNSPECIFIED, f"{what}: the {ERROR_TRAILER} EngineError has code UNSPECIFIED")
+    allowed = TRAILER_CODES.get(exc.code())
+    expect(allowed is None or err.code in allowed,
+           f"{what}: status {exc.code().name} but the {ERROR_TRAILER} EngineError code is "
+           f"{E.Name(err.code) if err.code in E.values() else err.code}")
+    expect(err.retryable or not err.HasField("retry_after_ms"),
+           f"{what}: retry_after_ms on a non-retryable {ERROR_TRAILER} EngineError")
 
 
 def _short(obj) -> str:

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterable
 import grpc
 
 from openengine_adapters import schema
+from openengine_adapters.security.channel import open_channel
 from openengine_adapters.v1 import (
     classification_pb2,
     embedding_pb2,
@@ -59,14 +60,18 @@ def check_compatible(info: engine_pb2.EngineInfo, revisions: range = TESTED_SERV
 
 class OpenEngineClient:
     def __init__(self, target: str, *, credentials: grpc.ChannelCredentials | None = None,
-                 options: Iterable[tuple[str, object]] = (), contract: str = "revision-1") -> None:
+                 options: Iterable[tuple[str, object]] = (), contract: str = "revision-1",
+                 tls: bool = False, tls_ca_file: str | None = None, tls_cert_file: str | None = None,
+                 tls_key_file: str | None = None, token: str | None = None) -> None:
+        """TLS when ``credentials``, ``tls`` or a TLS file is given: ``tls_ca_file`` is the CA to trust
+        (else the system roots), ``tls_cert_file``/``tls_key_file`` the client certificate for mTLS;
+        ``token`` is sent as ``authorization: Bearer <token>`` on every call."""
         if contract not in TESTED_RELEASES_BY_CONTRACT:
             raise ValueError(f"contract: {contract!r} is not one of {', '.join(TESTED_RELEASES_BY_CONTRACT)}")
         self.target = target
         self.contract = contract
-        self.channel = (grpc.aio.secure_channel(target, credentials, options=list(options))
-                        if credentials is not None
-                        else grpc.aio.insecure_channel(target, options=list(options)))
+        self.channel = open_channel(target, credentials=credentials, tls=tls, ca_file=tls_ca_file,
+                                    cert_file=tls_cert_file, key_file=tls_key_file, token=token, options=options)
         self.stub = (openengine_pb2_grpc.OpenEngineStub(self.channel) if contract == "revision-1"
                      else V01Stub(self.channel))
         self.engine_info: engine_pb2.EngineInfo | None = None

@@ -21,6 +21,13 @@ from pydantic import BaseModel, Field
 from openengine_adapters.backend import EngineBackend
 from openengine_adapters.core.service import EngineService, ServiceOptions
 from openengine_adapters.schema import SURFACES
+from openengine_adapters.security.config import (
+    SecurityConfig,
+    add_security_args,
+    security_from_args,
+    security_from_env,
+)
+from openengine_adapters.security.serving import ServerSecurity
 from openengine_adapters.validation.kv import WILDCARD_HOSTS
 from openengine_adapters.wire import revision1, v0_1
 
@@ -57,6 +64,7 @@ class ServerConfig(BaseModel):
     max_message_mb: int = Field(64, gt=0)
     surfaces: tuple[str, ...] = SURFACES
     coalesce_max_delay_ms: float = Field(20.0, ge=0)
+    security: SecurityConfig = SecurityConfig()  # TLS, keys, operator policy, reflection, LoRA root
 
 
 def resolve_advertise_host(bind_host: str, flag: str | None) -> str:
@@ -100,15 +108,20 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--surfaces", default="both",
                        help="contract surfaces to serve on the port: revision-1 (openengine.v1.OpenEngine), "
                             "v0.1.0 (openengine.v1.Inference + Control), or both (default)")
+    add_security_args(parser)
 
 
-def plugin_server_config(port_env: str, host_env: str, max_in_flight_env: str) -> ServerConfig:
+def plugin_server_config(port_env: str, host_env: str, max_in_flight_env: str, *, engine_api_keys=(),
+                         engine_admin_api_keys=(), engine_lora_root: str | None = None) -> ServerConfig:
     """The server settings of an in-engine plugin, from its environment (the sidecars' flags as
-    variables): host, port, admission limit, and ``OPENENGINE_SURFACES`` (the ``--surfaces`` value)."""
+    variables): host, port, admission limit, ``OPENENGINE_SURFACES`` (the ``--surfaces`` value) and
+    the security variables (``security.config.ENV``); the engine server's own API keys and LoRA root
+    apply to the gRPC port too."""
     max_in_flight = os.environ.get(max_in_flight_env)
     return ServerConfig(host=os.environ.get(host_env, "0.0.0.0"), port=int(os.environ[port_env]),
                         max_in_flight=int(max_in_flight) if max_in_flight else None,
-                        surfaces=parse_surfaces(os.environ.get(SURFACES_ENV)))
+                        surfaces=parse_surfaces(os.environ.get(SURFACES_ENV)),
+                        security=security_from_env(engine_api_keys, engine_admin_api_keys, engine_lora_root))
 
 
 def server_config_from_args(ns: argparse.Namespace) -> ServerConfig:
@@ -117,6 +130,7 @@ def server_config_from_args(ns: argparse.Namespace) -> ServerConfig:
         max_in_flight=ns.max_in_flight, retry_after_ms=ns.retry_after_ms,
         drain_grace_s=ns.drain_grace_s, health_interval_s=ns.health_interval_s,
         surfaces=parse_surfaces(ns.surfaces), coalesce_max_delay_ms=ns.coalesce_max_delay_ms,
+        security=security_from_args(ns),
     )
 
 
@@ -135,7 +149,8 @@ class OpenEngineServer:
             coalesce_max_delay_ms=config.coalesce_max_delay_ms,
         ))
         limit = config.max_message_mb * 1024 * 1024
-        self.grpc_server = grpc.aio.server(options=[
+        self.security = ServerSecurity(config.security)
+        self.grpc_server = grpc.aio.server(interceptors=[self.security.interceptor], options=[
             ("grpc.max_send_message_length", limit),
             ("grpc.max_receive_message_length", limit),
         ])
@@ -153,15 +168,16 @@ class OpenEngineServer:
         self.services = services
         self.service.health.service_names = services
         health_pb2_grpc.add_HealthServicer_to_server(self.grpc_health, self.grpc_server)
-        reflection.enable_server_reflection(
-            (*services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-            self.grpc_server)
+        if config.security.reflection:
+            reflection.enable_server_reflection(
+                (*services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+                self.grpc_server)
         self.port = 0
         self._monitor: asyncio.Task | None = None
 
     async def start(self) -> OpenEngineServer:
         await self.service.start()
-        self.port = self.grpc_server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        self.port = self.security.bind(self.grpc_server, f"{self.config.host}:{self.config.port}")
         if self.port == 0:
             raise OSError(f"cannot bind {self.config.host}:{self.config.port}")
         await self.grpc_server.start()
@@ -170,6 +186,8 @@ class OpenEngineServer:
             self.service.health.monitor(self.config.health_interval_s))
         log.info("OpenEngine gRPC serving %s on %s:%d", self.service.identity.engine_name,
                  self.config.host, self.port)
+        for line in self.security.describe():
+            log.info("security: %s", line)
         return self
 
     async def stop(self, grace_s: float | None = None) -> None:
@@ -197,6 +215,7 @@ async def run(backend: EngineBackend, config: ServerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, server.security.reload)  # re-read the TLS certificate
     print(f"OpenEngine gRPC server ready on {config.host}:{server.port}", flush=True)
     await stop.wait()
     log.info("signal received: draining for up to %.1f s", config.drain_grace_s)

@@ -1,7 +1,10 @@
-"""Run the OpenEngine server on the fake engine as a process (for signal tests)."""
+"""Run the OpenEngine server on the fake engine as a process (signal, CLI, TLS and auth tests; trying
+the protocol by hand). It takes the launchers' flags (``add_server_args``: security included) and logs
+at INFO to stderr; the ``ready on HOST:PORT`` line goes to stdout."""
 
 import argparse
 import asyncio
+import logging
 import sys
 from pathlib import Path
 
@@ -12,6 +15,7 @@ from fake_backend import FakeBackend  # noqa: E402
 from openengine_adapters.server import add_server_args, run, server_config_from_args  # noqa: E402
 
 if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parser = argparse.ArgumentParser()
     add_server_args(parser)
     asyncio.run(run(FakeBackend(), server_config_from_args(parser.parse_args())))

@@ -32,9 +32,8 @@ def _start_fake(*args: str) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "serve_fake.py"), "--host", "127.0.0.1",
                              "--port", "0", "--drain-grace-s", "1", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=ENV, text=True)
-    line = proc.stdout.readline()
-    m = re.search(r"ready on .*:(\d+)", line)
-    assert m, f"fake server did not start: {line}"
+    while not (m := re.search(r"ready on .*:(\d+)", line := proc.stdout.readline())):
+        assert line, "fake server did not start"
     return proc, f"127.0.0.1:{m.group(1)}"
 
 

@@ -23,9 +23,10 @@ async def start_server(*args: str):
         sys.executable, str(ROOT / "tests" / "serve_fake.py"), "--host", "127.0.0.1", "--port", "0",
         *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         env={**os.environ, "PYTHONPATH": str(ROOT)})
-    line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
-    port = int(re.search(r"ready on .*:(\d+)", line).group(1))
-    return proc, f"127.0.0.1:{port}"
+    while not (m := re.search(r"ready on .*:(\d+)", line := (await asyncio.wait_for(proc.stdout.readline(), 30)
+                                                             ).decode())):
+        assert line, "the server exited before it was ready"
+    return proc, f"127.0.0.1:{m.group(1)}"
 
 
 async def test_sigterm_drains_in_flight_requests_then_exits():

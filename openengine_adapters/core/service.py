@@ -80,14 +80,19 @@ def _unimplemented(what: str) -> RequestRejected:
                            "adapter", ErrorCode.UNSUPPORTED_FEATURE)
 
 
-async def reject(context: grpc.aio.ServicerContext, r: RequestRejected):
-    """End the call with the rejection's status plus the machine-readable EngineError trailer."""
+def rejection_trailer(r: RequestRejected) -> tuple[tuple[str, str | bytes], ...]:
+    """The machine-readable EngineError trailer (and the retry hint) of a refusal (revision 1's encoding)."""
     err = engine_error(EngineFailure(r.code, r.message, retryable=r.retryable,
                                      retry_after_ms=r.retry_after_ms, details=r.details))
     trailer: list[tuple[str, str | bytes]] = [(ERROR_TRAILER, err.SerializeToString())]
     if r.retry_after_ms is not None:
         trailer.append((RETRY_AFTER_TRAILER, str(r.retry_after_ms)))
-    await context.abort(r.status, r.message, trailing_metadata=tuple(trailer))
+    return tuple(trailer)
+
+
+async def reject(context: grpc.aio.ServicerContext, r: RequestRejected):
+    """End the call with the rejection's status plus the machine-readable EngineError trailer."""
+    await context.abort(r.status, r.message, trailing_metadata=rejection_trailer(r))
 
 
 def routable_url(url: str, host: str) -> str:

@@ -13,7 +13,9 @@ shutdown it drains the gRPC server while the engine still runs.
 Environment: ``OPENENGINE_GRPC_PORT`` (required to start), ``OPENENGINE_GRPC_HOST`` (default
 0.0.0.0), ``OPENENGINE_ADVERTISE_HOST``, ``OPENENGINE_MAX_IN_FLIGHT``, ``OPENENGINE_SURFACES`` (``--surfaces``:
 revision-1, v0.1.0 or both, the default), ``OPENENGINE_DRAIN_GRACE_S``
-(default 30). ``SGLANG_PLUGINS`` (SGLang's own filter) may name ``openengine``.
+(default 30), and the security variables (``OPENENGINE_TLS_CERT_FILE`` ..., README "Security");
+``sglang serve --api-key`` / ``--admin-api-key`` apply to the gRPC port too. ``SGLANG_PLUGINS``
+(SGLang's own filter) may name ``openengine``.
 """
 
 from __future__ import annotations
@@ -81,7 +83,11 @@ async def start_server(global_state, server_args=None):
                             SglangOptions(served_model_names=names,
                                           advertise_host=os.environ.get("OPENENGINE_ADVERTISE_HOST")),
                             version=sglang_version(), owns_engine=False)
-    config = plugin_server_config(PORT_ENV, HOST_ENV, MAX_IN_FLIGHT_ENV)
+    # sglang serve's own --api-key / --admin-api-key guard the gRPC port as they guard HTTP
+    config = plugin_server_config(
+        PORT_ENV, HOST_ENV, MAX_IN_FLIGHT_ENV,
+        engine_api_keys=[k for k in (getattr(server_args, "api_key", None),) if k],
+        engine_admin_api_keys=[k for k in (getattr(server_args, "admin_api_key", None),) if k])
     server = await OpenEngineServer(backend, config).start()
     log.info("OpenEngine gRPC serving the SGLang engine on %s:%d", config.host, server.port)
     return server

@@ -13,7 +13,9 @@ runtime events from the engine's per-step scheduler stats.
 Environment: ``OPENENGINE_GRPC_PORT`` (required to start), ``OPENENGINE_GRPC_HOST`` (default
 0.0.0.0), ``OPENENGINE_ADVERTISE_HOST``, ``OPENENGINE_MAX_IN_FLIGHT``, ``OPENENGINE_SURFACES`` (``--surfaces``:
 revision-1, v0.1.0 or both, the default), ``OPENENGINE_DRAIN_GRACE_S``
-(default 30: on shutdown, how long gRPC requests may finish before they are aborted).
+(default 30: on shutdown, how long gRPC requests may finish before they are aborted), and the
+security variables (``OPENENGINE_TLS_CERT_FILE`` ..., README "Security"). ``vllm serve --api-key``
+(or ``VLLM_API_KEY``) is required on the gRPC port too.
 """
 
 from __future__ import annotations
@@ -82,7 +84,12 @@ class OpenEnginePlugin:
         backend = await VllmBackend.create(
             engine_client, role=role, served_model_names=names, stats=SHARED,
             version=vllm.__version__, owns_engine=False)
-        config = plugin_server_config(PORT_ENV, HOST_ENV, MAX_IN_FLIGHT_ENV)
+        # vllm serve's own --api-key (else VLLM_API_KEY) guards the gRPC port as it guards HTTP; its LoRA
+        # resolver directory is the default allowed root of LoadLora
+        config = plugin_server_config(
+            PORT_ENV, HOST_ENV, MAX_IN_FLIGHT_ENV,
+            engine_api_keys=[k for k in (getattr(args, "api_key", None) or [os.environ.get("VLLM_API_KEY")]) if k],
+            engine_lora_root=os.environ.get("VLLM_LORA_RESOLVER_CACHE_DIR") or None)
         self.server = await OpenEngineServer(backend, config).start()
         state.openengine_server = self.server
         log.info("OpenEngine gRPC serving the vLLM engine on %s:%d", config.host, self.server.port)

@@ -1,0 +1,44 @@
+"""The client side: a grpc.aio channel with TLS or mTLS and a bearer token, for the typed client
+and the conformance suite.
+
+The token travels as ``authorization: Bearer <token>`` metadata added by a client interceptor
+rather than as gRPC call credentials, which gRPC refuses on a plaintext channel: a token on
+loopback without TLS is a normal development setup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import grpc
+
+from openengine_adapters.security.tls import channel_credentials
+
+
+class _Bearer(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self._header = ("authorization", f"Bearer {token}")
+
+    def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        metadata = grpc.aio.Metadata(*(details.metadata or ()))
+        metadata.add(*self._header)
+        return details._replace(metadata=metadata)
+
+    async def intercept_unary_unary(self, continuation, client_call_details, request):
+        return await continuation(self._details(client_call_details), request)
+
+    async def intercept_unary_stream(self, continuation, client_call_details, request):
+        return await continuation(self._details(client_call_details), request)
+
+
+def open_channel(target: str, *, credentials: grpc.ChannelCredentials | None = None, tls: bool = False,
+                 ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None,
+                 token: str | None = None, options: Iterable[tuple[str, object]] = ()) -> grpc.aio.Channel:
+    """Plaintext unless ``credentials``, ``tls`` or a TLS file is given (``ca_file`` else the system
+    roots; ``cert_file``/``key_file`` for mTLS); ``token`` adds the bearer header to every call."""
+    interceptors = [_Bearer(token)] if token else None
+    if credentials is None and (tls or ca_file or cert_file or key_file):
+        credentials = channel_credentials(ca_file, cert_file, key_file)
+    if credentials is not None:
+        return grpc.aio.secure_channel(target, credentials, options=list(options), interceptors=interceptors)
+    return grpc.aio.insecure_channel(target, options=list(options), interceptors=interceptors)
