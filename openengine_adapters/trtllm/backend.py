@@ -67,6 +67,26 @@ class TrtllmOptions:
     max_open_sessions: int = 4096          # handed-off prefill sessions remembered for Abort(kv_session)
 
 
+def _model_max_positions(llm) -> int | None:
+    """The context length of the model's own config (``max_position_embeddings``): what the PyTorch
+    worker uses when ``max_seq_len`` is not set. ``LLM.args.max_seq_len`` stays None then (the
+    worker keeps its deduced value: ``executor/base_worker.py`` ``setup_engine``), so the adapter
+    reads the checkpoint's config.json (``LLM._hf_model_dir``)."""
+    model_dir = getattr(llm, "_hf_model_dir", None)
+    if not model_dir:
+        return None
+    try:
+        with open(os.path.join(str(model_dir), "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None
+    for doc in (config, config.get("text_config") or {}):
+        value = doc.get("max_position_embeddings") if isinstance(doc, dict) else None
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
 def _get(obj: Any, *path: str, default: Any = None) -> Any:
     for name in path:
         if obj is None:
@@ -89,7 +109,7 @@ class TrtllmBackend(be.EngineBackend):
         self.args = args
         self.tokenizer = getattr(llm, "tokenizer", None)
         self.eos_token_id = getattr(self.tokenizer, "eos_token_id", None)
-        self.max_context = options.max_context_length or _get(args, "max_seq_len")
+        self.max_context = options.max_context_length or _get(args, "max_seq_len") or _model_max_positions(llm)
         self.max_batch_size = _get(args, "max_batch_size")
         kv = _get(args, "kv_cache_config")
         self.block_reuse = bool(_get(kv, "enable_block_reuse", default=True))
@@ -103,6 +123,11 @@ class TrtllmBackend(be.EngineBackend):
         self.transfer_backend = str(_get(args, "cache_transceiver_config", "backend", default="") or "")
         if self.role != EngineRole.AGGREGATED and not self.transfer_backend:
             raise ValueError(f"role {self.role.name} needs cache_transceiver_config (KV transfer backend)")
+        if self.role == EngineRole.PREFILL and not _get(args, "disable_overlap_scheduler", default=False):
+            # the PyTorch worker refuses every context-only request while the overlap scheduler runs
+            # (executor/base_worker.py _enqueue_request): fail at start, not on each request
+            raise ValueError("role PREFILL needs disable_overlap_scheduler: true (TensorRT-LLM refuses "
+                             "context-only requests with the overlap scheduler on)")
         params = inspect.signature(llm.generate_async).parameters
         self._accepts = frozenset(params)
         self.stats = StatsCollector()
@@ -115,6 +140,7 @@ class TrtllmBackend(be.EngineBackend):
         self._lora_ids_used: dict[int, str] = {}
         self._pollers: list[asyncio.Task] = []
         self._poll_error: str | None = None
+        self._disagg_field_names: frozenset[str] | None = None
         self._card = self._build_card()
         features = {Feature.GENERATE, Feature.ABORT, Feature.LOAD}
         if self.stats_on:
@@ -278,7 +304,15 @@ class TrtllmBackend(be.EngineBackend):
             raise invalid(f"guided.backend: {g.backend!r} differs from the engine's guided decoding backend "
                           f"{self.guided_backend!r} (set per engine, not per request)")
         if self.role == EngineRole.DECODE and params.kv_session is not None:
-            translate.decode_disaggregated(params.kv_session.attributes)
+            translate.decode_disaggregated(params.kv_session, self._disagg_fields())
+
+    def _disagg_fields(self) -> frozenset[str]:
+        """The fields of this TensorRT-LLM's ``DisaggregatedParams`` (they grew after 1.2)."""
+        if self._disagg_field_names is None:
+            from tensorrt_llm.disaggregated_params import DisaggregatedParams
+
+            self._disagg_field_names = frozenset(inspect.signature(DisaggregatedParams).parameters)
+        return self._disagg_field_names
 
     def _sampling_params(self, params: be.GenerateParams, prompt_len: int):
         from tensorrt_llm import SamplingParams
@@ -315,7 +349,7 @@ class TrtllmBackend(be.EngineBackend):
                 kw["disaggregated_params"] = DisaggregatedParams(request_type="context_only")
             else:
                 kw["disaggregated_params"] = DisaggregatedParams(
-                    **translate.decode_disaggregated(params.kv_session.attributes))
+                    **translate.decode_disaggregated(params.kv_session, self._disagg_fields()))
         return kw
 
     async def generate(self, params: be.GenerateParams):
@@ -333,7 +367,8 @@ class TrtllmBackend(be.EngineBackend):
         if params.lora_name:
             self._lora_in_use[params.lora_name] += 1
         translator = translate.OutputTranslator(params, self.eos_token_id, self._stop_holdback(params))
-        translator.max_tokens = sp.max_tokens
+        translator.max_tokens = (sp.max_tokens if sp.max_tokens is not None
+                                 else self.max_context - prompt_len if self.max_context else None)
         return self._stream(params, handle, translator)
 
     async def _stream(self, params: be.GenerateParams, handle, translator: translate.OutputTranslator):
@@ -365,10 +400,10 @@ class TrtllmBackend(be.EngineBackend):
         if dp is None:
             raise EngineFailure(ErrorCode.KV_TRANSFER_FAILED,
                                 "TensorRT-LLM finished the context-only request without disaggregated params")
-        session = be.KvSession(session_id=params.request_id, transfer_backend=self.transfer_backend,
-                               dp_rank=params.data_parallel_rank or 0,
-                               attributes=translate.encode_disaggregated(dp))
-        self._sessions[params.request_id] = out
+        session_id, dp_rank, attributes = translate.encode_disaggregated(dp, params.request_id)
+        session = be.KvSession(session_id=session_id, transfer_backend=self.transfer_backend,
+                               dp_rank=dp_rank or params.data_parallel_rank or 0, attributes=attributes)
+        self._sessions[session_id] = out
         while len(self._sessions) > self.options.max_open_sessions:
             self._sessions.popitem(last=False)
         return session

@@ -50,7 +50,7 @@ def llm_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
 
     The adapter turns on what its RPCs need unless the YAML says otherwise: iteration stats
     (GetLoad, runtime events), KV-cache events with block reuse (SubscribeKvEvents), and a KV
-    cache transceiver for the PREFILL/DECODE roles.
+    cache transceiver for the PREFILL/DECODE roles, and no overlap scheduler on PREFILL.
     """
     kv: dict[str, Any] = {"free_gpu_memory_fraction": ns.kv_cache_free_gpu_memory_fraction,
                           "enable_block_reuse": True, "event_buffer_max_size": ns.kv_event_buffer_size}
@@ -83,6 +83,10 @@ def llm_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
         kw["lora_config"] = lora
     if ns.role != "aggregated":
         kw["cache_transceiver_config"] = {"backend": ns.kv_transfer_backend}
+    if ns.role == "prefill":
+        # the PyTorch worker refuses context-only requests while the overlap scheduler runs
+        # (executor/base_worker.py _enqueue_request)
+        kw["disable_overlap_scheduler"] = True
     if kw["backend"] is None:
         del kw["backend"]
     return deep_merge(kw, load_yaml(ns.extra_llm_api_options))

@@ -24,31 +24,36 @@ from openengine_adapters.stop_text import stop_prefix_len
 from openengine_adapters.types import ErrorCode, FinishReason, StorageMedium
 from openengine_adapters.validation.kv import struct_int
 
-# The DisaggregatedParams fields a PREFILL engine hands to the DECODE engine, in KvSession.attributes.
-DISAGG_ATTRIBUTES = ("ctx_request_id", "first_gen_tokens", "opaque_state", "draft_tokens")
-_MAX_SAFE_INT = 2**53
+# A handoff is laid out as TensorRT-LLM's own OpenEngine server lays it out
+# (tensorrt_llm/grpc/openengine/disagg.py prefill_ready_response / disaggregated_params_from_request),
+# so either side can consume the other's: KvSessionRef.session_id = str(ctx_request_id),
+# dp_rank = ctx_dp_rank, and in attributes_struct opaque_state (base64), first_gen_tokens,
+# draft_tokens, and where the engine's DisaggregatedParams has them disagg_request_id (a string),
+# ctx_dp_rank and ctx_info_endpoint.
+OPTIONAL_DISAGG_FIELDS = ("disagg_request_id", "ctx_dp_rank", "ctx_info_endpoint")
 
 
 # --------------------------------------------------------------------------- request side
 
 
-def max_tokens(p: be.GenerateParams, prompt_len: int, max_context: int | None) -> int:
-    """The explicit ``max_tokens`` TensorRT-LLM always gets (its default is 32 in some versions).
+def max_tokens(p: be.GenerateParams, prompt_len: int, max_context: int | None) -> int | None:
+    """``SamplingParams.max_tokens``: the client's, or None when it gave none.
 
-    Absent: the room left in the context window. A prompt that leaves no room is rejected.
+    None lets TensorRT-LLM's worker deduce the room left in its own max_seq_len
+    (``executor/base_worker.py`` ``_deduce_max_tokens``), which the LLM object does not expose
+    unless the user set it. An explicit value beyond that room would be clamped silently by the
+    same function, so where the context length is known it is refused here instead, and a prompt
+    that leaves no room is refused before acceptance.
     """
-    if p.stopping.max_tokens is not None:
-        if max_context is not None and prompt_len + p.stopping.max_tokens > max_context:
+    limit = p.stopping.max_tokens
+    if max_context is not None:
+        if limit is not None and prompt_len + limit > max_context:
             raise invalid(f"stopping.max_tokens: prompt ({prompt_len} tokens) + max_tokens "
-                          f"({p.stopping.max_tokens}) exceeds the context length {max_context}")
-        return p.stopping.max_tokens
-    if max_context is None:
-        raise invalid("stopping.max_tokens: required, the engine reports no context length")
-    room = max_context - prompt_len
-    if room < 1:
-        raise invalid(f"input: the prompt ({prompt_len} tokens) leaves no room to generate within "
-                      f"the context length {max_context}")
-    return room
+                          f"({limit}) exceeds the context length {max_context}")
+        if prompt_len >= max_context:
+            raise invalid(f"input: the prompt ({prompt_len} tokens) leaves no room to generate within "
+                          f"the context length {max_context}")
+    return limit
 
 
 def logprob_count(sel: be.CandidateSelection | None) -> int:
@@ -60,14 +65,24 @@ def logprob_count(sel: be.CandidateSelection | None) -> int:
     return max(1, sel.top_n if sel is not None else 0)
 
 
+# What an absent temperature / top_p / top_k mean: sampling at temperature 1 over the whole
+# vocabulary, as vLLM and TensorRT-LLM's own OpenEngine server (request_mapping.py
+# sampling_params_from_request) do. Left unset, TensorRT-LLM would decode greedily
+# (SamplingParams.params_imply_greedy_decoding) and refuse num_sequences > 1.
+SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+
+
 def sampling_kwargs(p: be.GenerateParams, prompt_len: int, max_context: int | None) -> dict[str, Any]:
-    """``SamplingParams`` keyword arguments for a validated request: the shared options, with
-    ``max_tokens`` always explicit, top_k -1 mapped to 0 and top-k logprob counts."""
+    """``SamplingParams`` keyword arguments for a validated request: the shared options, absent
+    sampling knobs at ``SAMPLING_DEFAULTS``, ``max_tokens`` None when absent, top_k -1 mapped to 0
+    and top-k logprob counts."""
     lp = p.logprobs
     kw = common_sampling_kwargs(p)
     kw["max_tokens"] = max_tokens(p, prompt_len, max_context)
     if p.sampling.top_k is not None:
         kw["top_k"] = max(p.sampling.top_k, 0)  # OpenEngine -1/0 = disabled; TensorRT-LLM 0 = all tokens
+    for name, value in SAMPLING_DEFAULTS.items():
+        kw.setdefault(name, value)
     if lp.output:
         kw["logprobs"] = logprob_count(lp.output_candidates)
     if lp.prompt:
@@ -92,46 +107,93 @@ def _int_list(value: Any, name: str) -> list[int]:
     return out
 
 
-def decode_disaggregated(attributes: Mapping[str, Any]) -> dict[str, Any]:
-    """KvSession.attributes of a TensorRT-LLM prefill -> ``DisaggregatedParams`` kwargs for a
-    ``generation_only`` request. Raises ``RequestRejected`` naming the bad attribute."""
-    missing = [k for k in ("ctx_request_id", "first_gen_tokens") if k not in attributes]
-    if missing:
-        raise invalid(f"kv.session.attributes_struct.{missing[0]}: required for a TensorRT-LLM "
+def _ctx_request_id(session: be.KvSession) -> int:
+    attrs = session.attributes
+    if "ctx_request_id" in attrs:  # sessions of this adapter before the shared layout
+        return struct_int(attrs["ctx_request_id"], "ctx_request_id")
+    try:
+        return int(session.session_id)
+    except ValueError:
+        raise invalid("kv.session.session_id: must be the integer context request id of a TensorRT-LLM "
+                      f"prefill, got {session.session_id!r}") from None
+
+
+def decode_disaggregated(session: be.KvSession, engine_fields: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """A TensorRT-LLM prefill's KvSessionRef -> ``DisaggregatedParams`` kwargs for a
+    ``generation_only`` request. Raises ``RequestRejected`` naming the bad attribute.
+
+    ``engine_fields``: the fields of the engine's ``DisaggregatedParams``. ``opaque_state`` is
+    required unless the engine takes ``ctx_info_endpoint`` and the session has one: one of them
+    locates the context worker, and the engine consumes a handoff on its executor loop with no
+    timeout, so a session it cannot resolve would stall every request on the engine
+    (``tensorrt_llm/grpc/openengine/disagg.py`` ``_validate_kv_session`` refuses it for that reason).
+    """
+    attrs = session.attributes
+    if "first_gen_tokens" not in attrs:
+        raise invalid("kv.session.attributes_struct.first_gen_tokens: required for a TensorRT-LLM "
                       "decode (the PrefillReady session attributes)")
     kw: dict[str, Any] = {
         "request_type": "generation_only",
-        "ctx_request_id": struct_int(attributes["ctx_request_id"], "ctx_request_id"),
-        "first_gen_tokens": _int_list(attributes["first_gen_tokens"], "first_gen_tokens"),
+        "ctx_request_id": _ctx_request_id(session),
+        "first_gen_tokens": _int_list(attrs["first_gen_tokens"], "first_gen_tokens"),
     }
     if not kw["first_gen_tokens"]:
         raise invalid("kv.session.attributes_struct.first_gen_tokens: must not be empty")
-    state = attributes.get("opaque_state")
-    if state is None:
-        kw["opaque_state"] = None
-    elif isinstance(state, str):
+    state = attrs.get("opaque_state")
+    if isinstance(state, str) and state:
         try:
             kw["opaque_state"] = base64.b64decode(state, validate=True)
         except (binascii.Error, ValueError):
             raise invalid("kv.session.attributes_struct.opaque_state: must be base64") from None
-    else:
-        raise invalid(f"kv.session.attributes_struct.opaque_state: must be a base64 string or null, "
-                      f"got {type(state).__name__}")
-    draft = attributes.get("draft_tokens")
-    kw["draft_tokens"] = None if draft is None else _int_list(draft, "draft_tokens")
+    elif state not in (None, ""):
+        raise invalid(f"kv.session.attributes_struct.opaque_state: must be a base64 string, got "
+                      f"{type(state).__name__}")
+    endpoint = attrs.get("ctx_info_endpoint")
+    if endpoint is not None:
+        if "ctx_info_endpoint" not in engine_fields:
+            raise invalid("kv.session.attributes_struct.ctx_info_endpoint: this TensorRT-LLM version cannot "
+                          "locate a context worker by endpoint; the session needs opaque_state")
+        if not isinstance(endpoint, str) or not endpoint:
+            raise invalid("kv.session.attributes_struct.ctx_info_endpoint: must be a non-empty string")
+        kw["ctx_info_endpoint"] = endpoint
+    if not kw.get("opaque_state") and "ctx_info_endpoint" not in kw:
+        raise invalid("kv.session.attributes_struct.opaque_state: required (it is what locates the context "
+                      "worker; TensorRT-LLM would wait for a handoff it cannot resolve and stall the engine)")
+    draft = attrs.get("draft_tokens")
+    if draft is not None:
+        kw["draft_tokens"] = _int_list(draft, "draft_tokens")
+    for name in ("disagg_request_id", "ctx_dp_rank"):
+        value = attrs.get(name)
+        if value is None:
+            continue
+        if name not in engine_fields:
+            raise invalid(f"kv.session.attributes_struct.{name}: this TensorRT-LLM version has no {name}; "
+                          "the handoff cannot be resumed here")
+        if isinstance(value, str):
+            try:
+                value = int(value)
+            except ValueError:
+                raise invalid(f"kv.session.attributes_struct.{name}: must be an integer") from None
+        kw[name] = struct_int(value, name)
+    if "ctx_dp_rank" not in kw and session.dp_rank and "ctx_dp_rank" in engine_fields:
+        kw["ctx_dp_rank"] = session.dp_rank
     return kw
 
 
-def encode_disaggregated(dp: Any) -> dict[str, Any]:
-    """A prefill result's ``DisaggregatedParams`` -> JSON-like KvSession.attributes."""
+def encode_disaggregated(dp: Any, fallback_id: str = "") -> tuple[str, int, dict[str, Any]]:
+    """A prefill result's ``DisaggregatedParams`` -> (session_id, dp_rank, JSON-like attributes),
+    in the layout above."""
     ctx = dp.ctx_request_id
-    state = dp.opaque_state
-    return {
-        "ctx_request_id": ctx if ctx is None or abs(ctx) < _MAX_SAFE_INT else str(ctx),
-        "first_gen_tokens": list(dp.first_gen_tokens or ()),
-        "opaque_state": None if state is None else base64.b64encode(bytes(state)).decode("ascii"),
-        "draft_tokens": None if dp.draft_tokens is None else list(dp.draft_tokens),
-    }
+    attrs: dict[str, Any] = {"first_gen_tokens": list(dp.first_gen_tokens or ())}
+    if dp.opaque_state is not None:
+        attrs["opaque_state"] = base64.b64encode(bytes(dp.opaque_state)).decode("ascii")
+    if dp.draft_tokens:
+        attrs["draft_tokens"] = list(dp.draft_tokens)
+    for name in OPTIONAL_DISAGG_FIELDS:
+        value = getattr(dp, name, None)
+        if value is not None:
+            attrs[name] = str(value) if name == "disagg_request_id" else value
+    return ("" if ctx is None else str(ctx)) or fallback_id, int(getattr(dp, "ctx_dp_rank", None) or 0), attrs
 
 
 # --------------------------------------------------------------------------- output side

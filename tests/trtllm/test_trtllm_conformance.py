@@ -14,6 +14,12 @@ from conformance import run_suite_async
 from openengine_adapters.types import EngineRole
 
 
+def prefill_args():
+    """What the sidecar builds for --role prefill: a cache transceiver, no overlap scheduler."""
+    return fake_trtllm.Args(cache_transceiver_config=fake_trtllm.CacheTransceiverConfig("UCX"),
+                            disable_overlap_scheduler=True)
+
+
 def assert_no_failures(report):
     failures = {r.name: r.reason for r in report.failures()}
     assert not failures, failures
@@ -41,14 +47,14 @@ async def test_destructive_conformance_on_trtllm_fake():
 
 
 async def test_conformance_on_trtllm_prefill_fake():
-    args = fake_trtllm.Args(cache_transceiver_config=fake_trtllm.CacheTransceiverConfig("UCX"))
+    args = prefill_args()
     report = await run(args=args, role=EngineRole.PREFILL)
     assert_no_failures(report)
 
 
 @pytest.mark.parametrize("role", [EngineRole.AGGREGATED, EngineRole.PREFILL])
 async def test_v0_1_contract_on_trtllm_fake(role):
-    args = (fake_trtllm.Args(cache_transceiver_config=fake_trtllm.CacheTransceiverConfig("UCX"))
+    args = (prefill_args()
             if role == EngineRole.PREFILL else None)
     report = await run(destructive=True, args=args, role=role, contract="v0.1.0")
     print(report.table())

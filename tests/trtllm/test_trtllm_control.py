@@ -13,6 +13,7 @@ from google.protobuf import json_format
 from helpers import collect, expect_status, gen_request, read_rest
 from stream_contract import check_generate_stream
 
+from openengine_adapters.types import EngineRole
 from openengine_adapters.v1 import (
     engine_pb2,
     input_pb2,
@@ -258,7 +259,9 @@ async def test_kv_events_per_attention_dp_rank(serve):
 
 
 def prefill_args():
-    return fake_trtllm.Args(cache_transceiver_config=fake_trtllm.CacheTransceiverConfig("UCX"))
+    """What the sidecar builds for --role prefill|decode (overlap scheduler off on both here)."""
+    return fake_trtllm.Args(cache_transceiver_config=fake_trtllm.CacheTransceiverConfig("UCX"),
+                            disable_overlap_scheduler=True)
 
 
 async def test_prefill_decode_round_trip(serve):
@@ -272,7 +275,9 @@ async def test_prefill_decode_round_trip(serve):
         s = check_generate_stream(req, await collect(pre.stub, req), prefill=True)
         session = s.prefill_ready.kv_session
         attrs = json_format.MessageToDict(session.attributes_struct)
-        assert session.session_id == "p1" and session.transfer_backend == "UCX"
+        # the layout of TensorRT-LLM's own server: session_id = the context request id
+        assert session.session_id == str(pre.llm.submitted[-1]["id"]) and session.transfer_backend == "UCX"
+        assert "ctx_request_id" not in attrs
         assert attrs["first_gen_tokens"] == [ord("h")] and base64.b64decode(attrs["opaque_state"]).startswith(b"\0")
         assert pre.llm.submitted[-1]["disagg"].request_type == "context_only"
         assert pre.llm.submitted[-1]["sp"].max_tokens == 1
@@ -283,7 +288,7 @@ async def test_prefill_decode_round_trip(serve):
         assert dec.llm.submitted[-1]["disagg"].request_type == "generation_only"
         assert dec.llm.submitted[-1]["disagg"].opaque_state.startswith(b"\0state")
         # decode validation before acceptance
-        for bad, name in ((("ctx_request_id", None),), "ctx_request_id"), \
+        for bad, name in ((("opaque_state", None),), "opaque_state"), \
                          ((("first_gen_tokens", "x"),), "first_gen_tokens"), \
                          ((("opaque_state", "!!"),), "opaque_state"):
             a = dict(attrs)
@@ -292,7 +297,7 @@ async def test_prefill_decode_round_trip(serve):
                     a.pop(k)
                 else:
                     a[k] = v
-            ref = kv_pb2.KvSessionRef(session_id="x")
+            ref = kv_pb2.KvSessionRef(session_id=session.session_id)
             json_format.ParseDict(a, ref.attributes_struct)
             await expect_status(dec.stub.Generate(gen_request(token_ids=prompt, kv=g.KvOptions(session=ref))),
                                 grpc.StatusCode.INVALID_ARGUMENT, name)
@@ -317,3 +322,45 @@ async def test_prefill_session_abort_releases(serve):
                             grpc.StatusCode.NOT_FOUND)
         probe = await pre.stub.Health(lifecycle_pb2.HealthRequest(include_inference_probe=True))
         assert probe.state == lifecycle_pb2.HEALTH_STATE_READY
+
+
+async def test_prefill_sidecar_disables_the_overlap_scheduler_and_refuses_an_engine_with_it(serve):
+    """TensorRT-LLM's worker refuses context-only requests while the overlap scheduler runs
+    (base_worker.py _enqueue_request): the sidecar turns it off for --role prefill, and a PREFILL
+    backend over an engine that still has it on refuses to start instead of failing every request."""
+    from openengine_adapters.trtllm.__main__ import parse_args
+    from openengine_adapters.trtllm.backend import TrtllmBackend, TrtllmOptions
+    from openengine_adapters.trtllm.engine import llm_kwargs
+    from openengine_adapters.types import EngineRole
+
+    assert llm_kwargs(parse_args(["m", "--role", "prefill"]))["disable_overlap_scheduler"] is True
+    assert "disable_overlap_scheduler" not in llm_kwargs(parse_args(["m", "--role", "decode"]))
+    args = fake_trtllm.Args(cache_transceiver_config=fake_trtllm.CacheTransceiverConfig("UCX"))
+    with pytest.raises(ValueError, match="disable_overlap_scheduler"):
+        TrtllmBackend(fake_trtllm.LLM(args), TrtllmOptions(role=EngineRole.PREFILL))
+
+
+async def test_prefill_on_an_overlap_engine_fails_in_the_engine(tensorrt_llm):
+    """The fake reproduces the refusal: on the stream, as the proxy delivers it."""
+    llm = tensorrt_llm.LLM(fake_trtllm.Args(cache_transceiver_config=fake_trtllm.CacheTransceiverConfig("UCX")))
+    out = llm.generate_async({"prompt_token_ids": [5, 6]}, tensorrt_llm.SamplingParams(max_tokens=1),
+                             disaggregated_params=tensorrt_llm.DisaggregatedParams(request_type="context_only"))
+    with pytest.raises(tensorrt_llm.RequestError, match="overlap"):
+        await out
+
+
+async def test_decode_refuses_a_session_without_opaque_state_before_the_engine_stalls(serve):
+    """In 1.2 opaque_state is what locates the context worker, and the engine consumes a handoff on
+    its executor loop without a timeout: a session without it would stall every request. The
+    decode side refuses it before acceptance; the engine keeps serving."""
+    async with serve(prefill_args(), role=EngineRole.DECODE) as dec:
+        ref = kv_pb2.KvSessionRef(session_id="7", transfer_backend="UCX")
+        json_format.ParseDict({"first_gen_tokens": [104]}, ref.attributes_struct)
+        req = gen_request(token_ids=input_pb2.TokenIds(ids=[10, 11]), kv=g.KvOptions(session=ref),
+                          stopping=g.StoppingOptions(max_tokens=2))
+        await asyncio.wait_for(expect_status(dec.stub.Generate(req), grpc.StatusCode.INVALID_ARGUMENT,
+                                             "opaque_state"), 5)
+        assert not dec.llm.stalled
+        health = await asyncio.wait_for(
+            dec.stub.Health(lifecycle_pb2.HealthRequest(include_inference_probe=True)), 5)
+        assert health.state == lifecycle_pb2.HEALTH_STATE_READY

@@ -12,7 +12,7 @@ from helpers import collect, expect_status, gen_request, read_rest
 from stream_contract import check_generate_stream
 
 from openengine_adapters.v1 import generation_pb2 as g
-from openengine_adapters.v1 import input_pb2, kv_pb2, lifecycle_pb2
+from openengine_adapters.v1 import input_pb2, kv_pb2, lifecycle_pb2, model_pb2
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 TEXT = fake_trtllm.TEXT
@@ -36,11 +36,30 @@ async def test_text_prompt_length_and_usage(trt):
     assert trt.llm.submitted[-1]["streaming"] is True
 
 
-async def test_max_tokens_always_explicit_absent_means_context_room(trt):
-    req = gen_request(token_ids=input_pb2.TokenIds(ids=[5] * 250))
+async def test_absent_max_tokens_is_the_engines_to_deduce_and_context_length_is_the_models(trt):
+    """TensorRT-LLM's LLM.args.max_seq_len is None unless the user sets it; the worker takes the
+    model's length and, given max_tokens None, deduces the room left. The adapter reads the
+    model's config for the advertised context length and sends None."""
+    assert trt.llm.args.max_seq_len is None
+    info = await trt.stub.GetModelInfo(model_pb2.GetModelInfoRequest(model="fake-model"))
+    assert info.max_context_length == fake_trtllm.MODEL_MAX_POSITIONS
+    s = await run(trt, gen_request(token_ids=input_pb2.TokenIds(ids=[5] * 250)))
+    assert trt.llm.submitted[-1]["sp"].max_tokens is None
+    assert len(s.token_ids[0]) == 6 and s.finished[0].reason == g.FINISH_REASON_LENGTH
+    # beyond the room: refused before acceptance (TensorRT-LLM would clamp it silently)
+    await expect_status(trt.stub.Generate(gen_request(token_ids=input_pb2.TokenIds(ids=[5] * 250),
+                                                      stopping=g.StoppingOptions(max_tokens=7))), INVALID, "exceeds")
+
+
+async def test_no_sampling_knobs_samples_at_temperature_one_and_n_works(trt):
+    """Unset temperature/top_p/top_k would be greedy in TensorRT-LLM (params_imply_greedy_decoding),
+    which refuses n > 1; the adapter sends temperature 1, top_p 1, top_k 0 as vLLM and
+    TensorRT-LLM's own server do."""
+    req = gen_request("hi", sampling=g.SamplingParams(num_sequences=2), stopping=g.StoppingOptions(max_tokens=3))
     s = await run(trt, req)
-    assert trt.llm.submitted[-1]["sp"].max_tokens == 256 - 250
-    assert len(s.token_ids[0]) == 6
+    sp = trt.llm.submitted[-1]["sp"]
+    assert (sp.temperature, sp.top_p, sp.top_k, sp.n) == (1.0, 1.0, 0, 2)
+    assert set(s.finished) == {0, 1}
 
 
 async def test_n_greater_than_one_with_stale_diffs(trt):

@@ -20,9 +20,10 @@ def params(**kw) -> be.GenerateParams:
 
 @pytest.mark.parametrize("stopping, prompt_len, ctx, expected", [
     (be.Stopping(max_tokens=5), 2, 100, 5),
-    (be.Stopping(), 2, 100, 98),
-    (be.Stopping(), 99, 100, 1),
+    (be.Stopping(), 2, 100, None),   # the worker deduces the room itself (_deduce_max_tokens)
+    (be.Stopping(), 99, 100, None),
     (be.Stopping(max_tokens=5), 2, None, 5),
+    (be.Stopping(), 2, None, None),  # no context length known: still the engine's to deduce
 ])
 def test_max_tokens(stopping, prompt_len, ctx, expected):
     assert tr.max_tokens(params(stopping=stopping), prompt_len, ctx) == expected
@@ -30,26 +31,28 @@ def test_max_tokens(stopping, prompt_len, ctx, expected):
 
 @pytest.mark.parametrize("stopping, prompt_len, ctx, fragment", [
     (be.Stopping(), 100, 100, "no room"),
-    (be.Stopping(max_tokens=10), 95, 100, "exceeds the context"),
-    (be.Stopping(), 2, None, "required"),
+    (be.Stopping(max_tokens=10), 95, 100, "exceeds the context"),  # TensorRT-LLM would clamp silently
 ])
 def test_max_tokens_rejected(stopping, prompt_len, ctx, fragment):
     with pytest.raises(RequestRejected, match=fragment):
         tr.max_tokens(params(stopping=stopping), prompt_len, ctx)
 
 
+DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+
+
 @pytest.mark.parametrize("p, expected", [
-    (params(), {"n": 1, "max_tokens": 10}),
+    (params(), {"n": 1, "max_tokens": None, **DEFAULTS}),
     (params(sampling=be.Sampling(temperature=0.0, top_k=-1, seed=0, num_sequences=2)),
-     {"n": 2, "max_tokens": 10, "temperature": 0.0, "top_k": 0, "seed": 0}),
+     {"n": 2, "max_tokens": None, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0}),
     (params(stopping=be.Stopping(max_tokens=3, min_tokens=1, stop_texts=("x",), stop_token_ids=(5,),
                                  ignore_eos=False, include_stop_in_output=True)),
      {"n": 1, "max_tokens": 3, "min_tokens": 1, "stop": ["x"], "stop_token_ids": [5], "ignore_eos": False,
-      "include_stop_str_in_output": True}),
-    (params(logprobs=be.LogprobRequest(output=True)), {"n": 1, "max_tokens": 10, "logprobs": 1}),
+      "include_stop_str_in_output": True, **DEFAULTS}),
+    (params(logprobs=be.LogprobRequest(output=True)), {"n": 1, "max_tokens": None, "logprobs": 1, **DEFAULTS}),
     (params(logprobs=be.LogprobRequest(output=True, output_candidates=be.CandidateSelection(CandidateMode.TOP_N, 4),
                                        prompt=True)),
-     {"n": 1, "max_tokens": 10, "logprobs": 4, "prompt_logprobs": 1}),
+     {"n": 1, "max_tokens": None, "logprobs": 4, "prompt_logprobs": 1, **DEFAULTS}),
 ])
 def test_sampling_kwargs(p, expected):
     assert tr.sampling_kwargs(p, 2, 12) == expected
@@ -136,31 +139,69 @@ def test_translator_unknown_reason_is_engine_failure():
         t.chunk(out(comp(0, [1], "a", "exploded"), finished=True))
 
 
-@pytest.mark.parametrize("attrs, fragment", [
-    ({}, "ctx_request_id"),
-    ({"ctx_request_id": 1.0}, "first_gen_tokens"),
-    ({"ctx_request_id": "x", "first_gen_tokens": [1]}, "ctx_request_id"),
-    ({"ctx_request_id": 1.5, "first_gen_tokens": [1]}, "ctx_request_id"),
-    ({"ctx_request_id": 1, "first_gen_tokens": []}, "first_gen_tokens"),
-    ({"ctx_request_id": 1, "first_gen_tokens": [1.0], "opaque_state": 5}, "opaque_state"),
-    ({"ctx_request_id": 1, "first_gen_tokens": [1.0], "opaque_state": "%%"}, "opaque_state"),
-    ({"ctx_request_id": 1, "first_gen_tokens": [1.0], "draft_tokens": "x"}, "draft_tokens"),
-    ({"ctx_request_id": True, "first_gen_tokens": [1]}, "ctx_request_id"),
+STATE = "AHN0YXRl"  # base64 of b"\0state"
+ENGINE_1_2 = frozenset({"request_type", "first_gen_tokens", "ctx_request_id", "opaque_state", "draft_tokens"})
+ENGINE_MAIN = ENGINE_1_2 | {"disagg_request_id", "ctx_dp_rank", "ctx_info_endpoint"}
+
+
+def session(session_id="1", dp_rank=0, **attrs):
+    return be.KvSession(session_id=session_id, dp_rank=dp_rank, attributes=attrs)
+
+
+@pytest.mark.parametrize("ref, fragment", [
+    (session(), "first_gen_tokens"),
+    (session("x", first_gen_tokens=[1], opaque_state=STATE), "session_id"),
+    (session(ctx_request_id=1.5, first_gen_tokens=[1], opaque_state=STATE), "ctx_request_id"),
+    (session(ctx_request_id=True, first_gen_tokens=[1], opaque_state=STATE), "ctx_request_id"),
+    (session(first_gen_tokens=[], opaque_state=STATE), "first_gen_tokens"),
+    (session(first_gen_tokens=[1.0], opaque_state=5), "opaque_state"),
+    (session(first_gen_tokens=[1.0], opaque_state="%%"), "opaque_state"),
+    (session(first_gen_tokens=[1.0]), "opaque_state"),  # nothing locates the context worker
+    (session(first_gen_tokens=[1.0], opaque_state=None), "opaque_state"),
+    (session(first_gen_tokens=[1.0], ctx_info_endpoint="tcp://h:1"), "ctx_info_endpoint"),  # 1.2 has none
+    (session(first_gen_tokens=[1.0], opaque_state=STATE, draft_tokens="x"), "draft_tokens"),
+    (session(first_gen_tokens=[1.0], opaque_state=STATE, disagg_request_id="9"), "disagg_request_id"),
 ])
-def test_decode_disaggregated_rejects(attrs, fragment):
+def test_decode_disaggregated_rejects(ref, fragment):
     with pytest.raises(RequestRejected, match=fragment):
-        tr.decode_disaggregated(attrs)
+        tr.decode_disaggregated(ref, ENGINE_1_2)
 
 
 def test_disaggregated_round_trip_and_big_ids():
-    dp = fake_trtllm.DisaggregatedParams("context_only", [5], 2**60, b"\x00\xff", [7, 8])
-    attrs = tr.encode_disaggregated(dp)
-    assert attrs["ctx_request_id"] == str(2**60)
-    back = tr.decode_disaggregated(attrs)
+    dp = fake_trtllm.DisaggregatedParams(request_type="context_only", first_gen_tokens=[5], ctx_request_id=2**60,
+                                         opaque_state=b"\x00\xff", draft_tokens=[7, 8])
+    sid, rank, attrs = tr.encode_disaggregated(dp, "req")
+    assert (sid, rank) == (str(2**60), 0) and "ctx_request_id" not in attrs
+    back = tr.decode_disaggregated(be.KvSession(sid, attributes=attrs), ENGINE_1_2)
     assert back == {"request_type": "generation_only", "ctx_request_id": 2**60, "first_gen_tokens": [5],
                     "opaque_state": b"\x00\xff", "draft_tokens": [7, 8]}
-    small = tr.encode_disaggregated(fake_trtllm.DisaggregatedParams("context_only", [5], 3, None, None))
-    assert small["ctx_request_id"] == 3 and small["opaque_state"] is None
+
+
+def test_sessions_of_tensorrt_llms_own_server_are_consumed():
+    """What tensorrt_llm/grpc/openengine/disagg.py prefill_ready_response emits (main): session_id is
+    the context request id, disagg_request_id a string, ctx_info_endpoint, ctx_dp_rank; its extra
+    keys (ctx_usage, schedule_style, first_gen_log_probs) are informational and ignored."""
+    theirs = session("42", 1, opaque_state=STATE, first_gen_tokens=[104], disagg_request_id="77", ctx_dp_rank=1,
+                     ctx_info_endpoint="tcp://10.0.0.1:5555", ctx_usage={"prompt_tokens": 3.0}, schedule_style=0)
+    kw = tr.decode_disaggregated(theirs, ENGINE_MAIN)
+    assert kw == {"request_type": "generation_only", "ctx_request_id": 42, "first_gen_tokens": [104],
+                  "opaque_state": b"\0state", "ctx_info_endpoint": "tcp://10.0.0.1:5555", "disagg_request_id": 77,
+                  "ctx_dp_rank": 1}
+    # an endpoint alone locates the context worker where the engine takes one
+    assert tr.decode_disaggregated(session("42", first_gen_tokens=[1], ctx_info_endpoint="tcp://h:1"),
+                                   ENGINE_MAIN)["ctx_info_endpoint"] == "tcp://h:1"
+    # sessions this adapter issued before the shared layout (ctx_request_id in the attributes)
+    assert tr.decode_disaggregated(session("p1", ctx_request_id=5, first_gen_tokens=[1], opaque_state=STATE),
+                                   ENGINE_1_2)["ctx_request_id"] == 5
+
+
+def test_encode_in_the_shared_layout():
+    dp = SimpleNamespace(ctx_request_id=3, first_gen_tokens=[5], opaque_state=None, draft_tokens=None,
+                         disagg_request_id=2**60, ctx_dp_rank=1, ctx_info_endpoint="tcp://h:1")
+    sid, rank, attrs = tr.encode_disaggregated(dp)
+    assert (sid, rank) == ("3", 1)
+    assert attrs == {"first_gen_tokens": [5], "disagg_request_id": str(2**60), "ctx_dp_rank": 1,
+                     "ctx_info_endpoint": "tcp://h:1"}
 
 
 @pytest.mark.parametrize("value, hexed", [(1, "0000000000000001"), (-1, "ffffffffffffffff"),

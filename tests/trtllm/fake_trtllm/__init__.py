@@ -6,7 +6,11 @@ depends on (see /work/shared/engines/trtllm.md and tensorrt_llm/executor/result.
 - Outputs are CUMULATIVE. With n > 1 each response updates ONE sequence: only that sequence's
   ``_last_*_len`` move, so the others' ``*_diff`` keep repeating their stale last diff.
 - ``abort()`` ends the stream with finish_reason ``cancelled`` on every unfinished sequence.
-- ``SamplingParams.max_tokens`` defaults to 32: the fake records whether it was set explicitly.
+- ``SamplingParams.max_tokens`` defaults to 32; None lets the worker deduce it from the engine's
+  max_seq_len (``_deduce_max_tokens``), which ``LLM.args.max_seq_len`` does not show unless the
+  user set it (the model config's length lives in the worker).
+- With temperature, top_p and top_k all unset ``SamplingParams`` implies greedy decoding, and
+  greedy with n > 1 is refused by its constructor.
 - Stop strings / stop token ids finish with ``stop_reason``; unless include_stop_str_in_output the
   stop tokens are truncated from the final output (multi-token stops were streamed before).
 - The model: at a position where it emits token b the raw logits are ``-0.25 * ((v - b) % VOCAB)``
@@ -48,6 +52,23 @@ BLOCK = 4
 VOCAB = 512
 SLOPE = 0.25
 _LSE = math.log(sum(math.exp(-SLOPE * j) for j in range(VOCAB)))
+
+
+MODEL_MAX_POSITIONS = 256  # the fake model's config.json max_position_embeddings
+_MODEL_DIR: str | None = None
+
+
+def _model_dir() -> str:
+    """The checkpoint directory ``LLM._hf_model_dir`` names: here only its config.json."""
+    global _MODEL_DIR
+    if _MODEL_DIR is None:
+        import tempfile
+
+        _MODEL_DIR = tempfile.mkdtemp(prefix="fake-trtllm-model-")
+        with open(os.path.join(_MODEL_DIR, "config.json"), "w") as f:
+            json.dump({"architectures": ["LlamaForCausalLM"], "max_position_embeddings": MODEL_MAX_POSITIONS,
+                       "vocab_size": VOCAB}, f)
+    return _MODEL_DIR
 
 
 class Tokenizer:
@@ -97,11 +118,26 @@ class SamplingParams:
         self.explicit = frozenset(kw)
         if self.n < 1:
             raise ValueError("n must be >= 1")
+        self.best_of = self.best_of or self.n
+        # tensorrt_llm/sampling_params.py SamplingParams._validate: greedy with best_of > 1 is refused
+        if self.best_of > 1 and self._greedy_decoding and not os.environ.get("TLLM_ALLOW_N_GREEDY_DECODING"):
+            raise ValueError(f"Greedy decoding in the LLM API does not allow multiple returns. Please set to "
+                             f"best_of=1, got best_of={self.best_of}.")
         if self.guided_decoding is not None:
             self.guided_decoding._validate()
 
+    @staticmethod
+    def params_imply_greedy_decoding(*, temperature, top_p, top_k) -> bool:
+        """tensorrt_llm/sampling_params.py: all three unset IS greedy (not "the engine's default")."""
+        return ((temperature is None and top_p is None and top_k is None) or top_k == 1 or top_p == 0.0
+                or temperature == 0)
 
-@dataclass(slots=True)
+    @property
+    def _greedy_decoding(self) -> bool:
+        return self.params_imply_greedy_decoding(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+
+
+@dataclass(slots=True, kw_only=True)  # tensorrt_llm/disaggregated_params.py: keyword-only
 class DisaggregatedParams:
     request_type: str | None = None
     first_gen_tokens: list[int] | None = None
@@ -147,7 +183,9 @@ class LoraConfig:
 @dataclass
 class Args:
     model: str = "fake-model"
-    max_seq_len: int = 256
+    # llmapi/llm_args.py: None unless the user passes it; the PyTorch worker takes the model's length
+    # (create_py_executor) and keeps it to itself (executor/base_worker.py setup_engine: self.max_seq_len)
+    max_seq_len: int | None = None
     max_batch_size: int = 8
     max_num_tokens: int = 2048
     tensor_parallel_size: int = 1
@@ -159,6 +197,9 @@ class Args:
     guided_decoding_backend: str | None = "xgrammar"
     cache_transceiver_config: CacheTransceiverConfig | None = None
     speculative_config: Any = None
+    # llmapi/llm_args.py TorchLlmArgs: the overlap scheduler is on unless disabled; with it on, the
+    # worker refuses context-only requests (see LLM._enqueue_checks)
+    disable_overlap_scheduler: bool = False
 
 
 @dataclass(slots=True)
@@ -209,6 +250,10 @@ class _Queue:
                 await asyncio.wait_for(self.event.wait(), timeout)
             except TimeoutError:
                 return
+
+
+class RequestError(RuntimeError):
+    """tensorrt_llm/executor/utils.py RequestError: what the worker raises for a request it refuses."""
 
 
 class Tensor(list):
@@ -321,6 +366,10 @@ class LLM:
         self.stats_queue = _Queue(1000)
         self.event_id = itertools.count(0)
         self.shut = False
+        self.stalled = False  # the executor loop is blocked on a handoff it cannot resolve
+        # the worker's max_seq_len: the user's, else the model config's (create_py_executor)
+        self.engine_max_seq_len = self.args.max_seq_len or MODEL_MAX_POSITIONS
+        self._hf_model_dir = _model_dir()
         if kv.event_buffer_max_size:
             self.emit_kv({"type": "created", "num_blocks_per_cache_level": [128, 0]})
 
@@ -390,18 +439,12 @@ class LLM:
                        disaggregated_params: DisaggregatedParams | None = None, _postproc_params=None,
                        scheduling_params: SchedulingParams | None = None, cache_salt: str | None = None):
         sp = sampling_params or SamplingParams()
-        assert "max_tokens" in sp.explicit, "the adapter must always set max_tokens explicitly"
         if isinstance(inputs, str):
             ids = self.tokenizer.encode(inputs)
         else:
             ids = list(inputs["prompt_token_ids"])
         if not ids:
             raise ValueError("prompt is empty")
-        if len(ids) + sp.max_tokens > self.args.max_seq_len:
-            raise ValueError("prompt + max_tokens exceeds max_seq_len")
-        greedy = sp.temperature == 0 or sp.top_k == 1
-        if sp.n > 1 and greedy and not os.environ.get("TLLM_ALLOW_N_GREEDY_DECODING"):
-            raise ValueError("Greedy decoding in the LLM API does not allow multiple returns (n > 1)")
         if scheduling_params is not None and not self.args.enable_attention_dp:
             raise ValueError("attention_dp_rank needs enable_attention_dp")
         if lora_request is not None and self.args.lora_config is None:
@@ -415,10 +458,41 @@ class LLM:
                                                                      cache_salt))
         return out
 
+    def _deduce_max_tokens(self, max_tokens: int | None, prompt_len: int) -> int:
+        """executor/base_worker.py ``_deduce_max_tokens`` (PyTorch backend): the room left in the
+        worker's max_seq_len; an explicit max_tokens beyond it is silently clamped (a warning in the
+        worker's log). The PyTorch LLM checks no length itself (llmapi/llm.py ``_check_arguments``
+        returns at once for the pytorch backend). A prompt that leaves no room with max_tokens None
+        is refused there (a RequestError, on the stream: see ``_enqueue_checks``)."""
+        room = self.engine_max_seq_len - prompt_len
+        if room <= 0:
+            if max_tokens is None:
+                raise RequestError("`max_tokens` must be set when `default_max_tokens` is illegal")
+            return max_tokens
+        return room if max_tokens is None or max_tokens > room else max_tokens
+
+    def _enqueue_checks(self, disagg: DisaggregatedParams | None) -> None:
+        """What the worker checks when it enqueues a request (``executor/base_worker.py``
+        ``BaseWorker._enqueue_request``). The LLM runs its worker behind a proxy
+        (``executor/proxy.py``), so a refusal there does not raise from ``generate_async``:
+        ``worker.py`` ``worker_main`` catches the ``RequestError`` and answers with an
+        ``ErrorResponse``, and the request's stream raises it on the first read."""
+        if disagg is None:
+            return
+        if self.args.cache_transceiver_config is None:
+            raise RequestError("kv_cache_transceiver is disabled, please set 'cache_transceiver_config: "
+                               "backend:<backend_type>` in config file for disaggregated serving")
+        if disagg.request_type == "context_only" and not self.args.disable_overlap_scheduler:
+            raise RequestError("Context only requests are not supported in pytorch backend when overlap is enabled.")
+
     async def _run(self, out: RequestOutput, lora, disagg, salt) -> None:
         sp = out.sampling_params
         done = [False] * sp.n
         try:
+            self._enqueue_checks(disagg)
+            budget = self._deduce_max_tokens(sp.max_tokens, len(out.prompt_token_ids))
+            while self.stalled:  # see the generation_only branch below
+                await asyncio.sleep(3600)
             shift = 0
             if lora is not None:
                 if lora.lora_int_id not in self.lora_loaded:  # lazy: weights read on first use
@@ -429,6 +503,15 @@ class LLM:
                 shift = lora.lora_int_id
             first: list[int] = []
             if disagg is not None and disagg.request_type == "generation_only":
+                if not disagg.opaque_state:
+                    # 1.2: opaque_state is what locates the context worker; the generation worker
+                    # consumes the handoff on its executor loop with no timeout, so without it the
+                    # whole engine waits forever (tensorrt_llm/grpc/openengine/disagg.py
+                    # _validate_kv_session: "blocks that loop indefinitely, so every later request
+                    # on this engine stalls too")
+                    self.stalled = True
+                    while True:
+                        await asyncio.sleep(3600)
                 if disagg.ctx_request_id not in self.context_sessions:
                     raise RuntimeError(f"no context for ctx_request_id {disagg.ctx_request_id}")
                 del self.context_sessions[disagg.ctx_request_id]
@@ -477,7 +560,7 @@ class LLM:
                             if hit is not None:
                                 reason, stop_reason = "stop", hit
                                 break
-                        if made[i] >= sp.max_tokens:
+                        if made[i] >= budget:
                             reason = "length"
                             break
                     if disagg is not None and disagg.request_type == "context_only" and reason is None:
@@ -487,8 +570,9 @@ class LLM:
                     dp = None
                     if disagg is not None and disagg.request_type == "context_only":
                         self.context_sessions[out.request_id] = out.prompt_token_ids
-                        dp = DisaggregatedParams("context_only", list(produced[i]), out.request_id,
-                                                 b"\x00state-" + str(out.request_id).encode(), None)
+                        dp = DisaggregatedParams(request_type="context_only", first_gen_tokens=list(produced[i]),
+                                                 ctx_request_id=out.request_id,
+                                                 opaque_state=b"\x00state-" + str(out.request_id).encode())
                     out._queue.put_nowait((i, new, lps, reason, stop_reason, all(done), dp))
                     self._stats()
         except asyncio.CancelledError:
@@ -497,6 +581,6 @@ class LLM:
             for k, i in enumerate(unfinished):
                 out._queue.put_nowait((i, [], [], "cancelled", None, k == len(unfinished) - 1, None))
         except Exception as exc:
-            out._queue.put_nowait(RuntimeError(str(exc)))
+            out._queue.put_nowait(exc if isinstance(exc, RequestError) else RuntimeError(str(exc)))
         finally:
             self.live.pop(out.request_id, None)
