@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
 import pathlib
+import re
+import signal
 import socket
 import sys
 
@@ -96,8 +100,6 @@ def v0_1_client_argv(target: str, *extra: str) -> list[str]:
 
 async def run_v0_1_client(target: str, *extra: str, timeout: float = 300.0) -> str:
     """Run the unmodified v0.1.0 client against ``target``; assert it passed; return its output."""
-    import asyncio
-
     proc = await asyncio.create_subprocess_exec(*v0_1_client_argv(target, *extra), stdout=asyncio.subprocess.PIPE,
                                                 stderr=asyncio.subprocess.STDOUT)
     out, _ = await asyncio.wait_for(proc.communicate(), timeout)
@@ -117,3 +119,38 @@ async def v0_1_conformance(target: str, model: str, **kw):
     assert not failures, "v0.1.0 conformance failures:\n" + "\n".join(f"{k}: {v}" for k, v in failures.items())
     assert report.get("v0_1.server_info").status == "pass"
     return report
+
+
+SERVE_FAKE = pathlib.Path(__file__).with_name("serve_fake.py")
+
+
+async def start_fake(*args: str) -> tuple[asyncio.subprocess.Process, int, list[str]]:
+    """tests/serve_fake.py as a process; returns it, its port and the log lines before 'ready'."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(SERVE_FAKE), "--host", "127.0.0.1", "--port", "0", "--drain-grace-s", "0.5", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": str(SERVE_FAKE.parent.parent)})
+    lines: list[str] = []
+    while True:
+        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+        assert line, "serve_fake exited before it was ready:\n" + "".join(lines)
+        if m := re.search(r"ready on .*:(\d+)", line):
+            return proc, int(m.group(1)), lines
+        lines.append(line)
+
+
+async def stop_fake(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.communicate(), 30)
+
+
+async def fake_fails_to_start(*args: str) -> str:
+    """serve_fake with ``args`` must exit non-zero before it is ready; returns what it printed."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(SERVE_FAKE), "--host", "127.0.0.1", "--port", "0", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": str(SERVE_FAKE.parent.parent)})
+    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode != 0, out.decode()
+    return out.decode()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from types import SimpleNamespace
 import grpc
 import pytest
 from fake_backend import FakeBackend
-from helpers import serve_backend
+from helpers import fake_fails_to_start, serve_backend, start_fake, stop_fake
 from pki import make_ca
 
 from openengine_adapters.client import OpenEngineClient
@@ -111,26 +110,6 @@ async def test_certificate_files_are_reloaded_when_they_change(pki, tmp_path):
         assert h.server.security.certificates.reloads == 1
 
 
-async def start_fake(*args: str) -> tuple[asyncio.subprocess.Process, int, list[str]]:
-    """tests/serve_fake.py as a process; returns it, its port and the log lines before 'ready'."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(ROOT / "tests" / "serve_fake.py"), "--host", "127.0.0.1", "--port", "0",
-        "--drain-grace-s", "0.5", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=ENV)
-    lines: list[str] = []
-    while True:
-        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
-        assert line, "serve_fake exited before it was ready:\n" + "".join(lines)
-        if m := re.search(r"ready on .*:(\d+)", line):
-            return proc, int(m.group(1)), lines
-        lines.append(line)
-
-
-async def stop_fake(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is None:
-        proc.send_signal(signal.SIGTERM)
-        await asyncio.wait_for(proc.communicate(), 30)
-
-
 async def test_sighup_reloads_certificate_files_whose_stat_did_not_change(pki, tmp_path):
     cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
     install(pki.server.cert, cert)
@@ -169,11 +148,7 @@ async def test_half_a_tls_configuration_stops_start_up(pki, tmp_path):
         TlsFiles.from_options(None, None, pki.ca.cert)
     with pytest.raises(TlsConfigError, match="unusable"):  # a key that is not the certificate's
         OpenEngineServer(FakeBackend(), ServerConfig(**tls_config(pki.server.cert, pki.client.key)))
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(ROOT / "tests" / "serve_fake.py"), "--port", "0", "--tls-cert-file", pki.server.cert,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=ENV)
-    out, _ = await asyncio.wait_for(proc.communicate(), 30)
-    assert proc.returncode != 0 and b"--tls-key-file" in out, out.decode()
+    assert "--tls-key-file" in await fake_fails_to_start("--tls-cert-file", pki.server.cert)
 
 
 async def test_plugin_variables_configure_tls_and_keys(pki, monkeypatch):

@@ -15,7 +15,7 @@ import grpc
 from openengine_adapters.security.tls import channel_credentials
 
 
-class _Bearer(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):
+class _Bearer:
     def __init__(self, token: str) -> None:
         self._header = ("authorization", f"Bearer {token}")
 
@@ -24,11 +24,26 @@ class _Bearer(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientIn
         metadata.add(*self._header)
         return details._replace(metadata=metadata)
 
+
+# grpc.aio files each interceptor under the first call kind it implements: one class per kind
+class _UnaryUnary(_Bearer, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation, client_call_details, request):
         return await continuation(self._details(client_call_details), request)
 
+
+class _UnaryStream(_Bearer, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation, client_call_details, request):
         return await continuation(self._details(client_call_details), request)
+
+
+class _StreamUnary(_Bearer, grpc.aio.StreamUnaryClientInterceptor):
+    async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
+        return await continuation(self._details(client_call_details), request_iterator)
+
+
+class _StreamStream(_Bearer, grpc.aio.StreamStreamClientInterceptor):
+    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+        return await continuation(self._details(client_call_details), request_iterator)
 
 
 def open_channel(target: str, *, credentials: grpc.ChannelCredentials | None = None, tls: bool = False,
@@ -36,7 +51,7 @@ def open_channel(target: str, *, credentials: grpc.ChannelCredentials | None = N
                  token: str | None = None, options: Iterable[tuple[str, object]] = ()) -> grpc.aio.Channel:
     """Plaintext unless ``credentials``, ``tls`` or a TLS file is given (``ca_file`` else the system
     roots; ``cert_file``/``key_file`` for mTLS); ``token`` adds the bearer header to every call."""
-    interceptors = [_Bearer(token)] if token else None
+    interceptors = [kind(token) for kind in (_UnaryUnary, _UnaryStream, _StreamUnary, _StreamStream)] if token else None
     if credentials is None and (tls or ca_file or cert_file or key_file):
         credentials = channel_credentials(ca_file, cert_file, key_file)
     if credentials is not None:
