@@ -147,6 +147,7 @@ class OpenEngineServer:
             advertise_host=resolve_advertise_host(config.host, config.advertise_host),
             probe_timeout_s=config.probe_timeout_s,
             coalesce_max_delay_ms=config.coalesce_max_delay_ms,
+            lora_root=config.security.lora_root,
         ))
         limit = config.max_message_mb * 1024 * 1024
         self.security = ServerSecurity(config.security)

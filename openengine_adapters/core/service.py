@@ -73,6 +73,7 @@ class ServiceOptions:
     advertise_host: str = "127.0.0.1"
     probe_timeout_s: float = 30.0
     coalesce_max_delay_ms: float = 20.0  # 0 turns adaptive coalescing off
+    lora_root: str | None = None  # LoadLora takes only directories under it (None: any, loopback callers only)
 
 
 def _unimplemented(what: str) -> RequestRejected:
@@ -500,11 +501,14 @@ class EngineService:
             raise invalid("adapter.lora_name: must be non-empty")
         if not os.path.isabs(a.source_path):
             raise invalid("adapter.source_path: must be an absolute path")
-        if not os.path.isdir(a.source_path):
-            raise invalid(f"adapter.source_path: {a.source_path!r} is not a directory visible "
-                          "to the engine")
         # one directory has one identity however it is spelled (trailing slash, symlink, ..)
-        info = LoraAdapterInfo(a.lora_id, a.lora_name, os.path.realpath(a.source_path))
+        source = os.path.realpath(a.source_path)
+        root = self.options.lora_root and os.path.realpath(self.options.lora_root)
+        # outside the root, missing, or not a directory: one answer, so it tells nothing about the disk
+        if (root and os.path.commonpath((root, source)) != root) or not os.path.isdir(source):
+            raise invalid(f"adapter.source_path: {a.source_path!r} is not an adapter directory "
+                          + ("under this server's LoRA root (--lora-root)" if root else "visible to the engine"))
+        info = LoraAdapterInfo(a.lora_id, a.lora_name, source)
         async with self._lora_lock:
             for other in self._loras.values():
                 if other == info:

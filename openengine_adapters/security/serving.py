@@ -3,6 +3,9 @@ and the start-up lines that say what is protected and how."""
 
 from __future__ import annotations
 
+import logging
+import os
+
 import grpc
 
 from openengine_adapters.security.config import SecurityConfig
@@ -11,10 +14,15 @@ from openengine_adapters.security.policy import OperatorPolicy
 from openengine_adapters.security.tls import CertificateReloader, TlsFiles
 from openengine_adapters.security.tokens import TokenSet
 
+log = logging.getLogger(__name__)
+
 
 class ServerSecurity:
     def __init__(self, config: SecurityConfig) -> None:
         self.config = config
+        if config.lora_root and not os.path.isdir(config.lora_root):
+            log.warning("LoRA root %s is not a directory (yet): LoadLora refuses every path until it is",
+                        config.lora_root)
         files = TlsFiles.from_options(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file)
         self.certificates = CertificateReloader(files) if files is not None else None
         self.tokens = TokenSet(config.api_keys, config.admin_api_keys)
