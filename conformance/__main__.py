@@ -12,12 +12,12 @@ import sys
 from conformance.runner import run_suite_async
 
 
-def parse_metadata(items: list[str]) -> dict[str, str]:
+def parse_metadata(items: list[str], flag: str = "--long-request-metadata") -> dict[str, str]:
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
-            raise SystemExit(f"--long-request-metadata wants KEY=VALUE, got {item!r}")
+            raise SystemExit(f"{flag} wants KEY=VALUE, got {item!r}")
         out[key] = value
     return out
 
@@ -37,6 +37,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="the target admits N requests at once: N+1 long streams must give RESOURCE_EXHAUSTED")
     p.add_argument("--long-request-metadata", action="append", default=[], metavar="KEY=VALUE",
                    help="metadata attached to requests that must stay running (e.g. to slow a test engine)")
+    hooks = p.add_argument_group("opt-in engine hooks (test engines; each enables checks a plain run skips)")
+    hooks.add_argument("--fail-request-metadata", action="append", default=[], metavar="KEY=VALUE",
+                       help="metadata that makes the engine fail an accepted request mid-stream "
+                            "(the fake: fake.crash_after=2)")
+    hooks.add_argument("--serial-request-metadata", action="append", default=[], metavar="KEY=VALUE",
+                       help="metadata that makes the engine run the requests carrying it one at a time, by "
+                            "priority (the fake: fake.serialize=1)")
+    hooks.add_argument("--lora-dir", metavar="DIR", default=None,
+                       help="an absolute directory the target can load as a LoRA adapter")
     p.add_argument("--timeout", type=float, default=60.0, help="per-call timeout in seconds (default 60)")
     p.add_argument("--tls", action="store_true", help="connect with TLS, trusting the system's CA roots")
     p.add_argument("--tls-ca-file", help="connect with TLS, trusting this PEM CA bundle")
@@ -67,7 +76,10 @@ def main(argv: list[str] | None = None) -> int:
             expect_admission_limit=args.expect_admission_limit,
             long_metadata=parse_metadata(args.long_request_metadata), check_timeout_s=args.timeout,
             contract=contract, tls=args.tls, tls_ca_file=args.tls_ca_file, tls_cert_file=args.tls_cert_file,
-            tls_key_file=args.tls_key_file, token=args.token))
+            tls_key_file=args.tls_key_file, token=args.token,
+            fail_metadata=parse_metadata(args.fail_request_metadata, "--fail-request-metadata"),
+            serial_metadata=parse_metadata(args.serial_request_metadata, "--serial-request-metadata"),
+            lora_dir=args.lora_dir))
         reports.append(report)
         if args.quiet:
             for r in report.failures():

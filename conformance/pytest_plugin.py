@@ -2,7 +2,8 @@
 
     pytest -p conformance.pytest_plugin --conformance-target HOST:PORT [--conformance-model NAME]
            [--conformance-destructive] [--conformance-only PATTERN] [--conformance-admission-limit N]
-           [--conformance-long-metadata KEY=VALUE]
+           [--conformance-long-metadata KEY=VALUE] [--conformance-fail-metadata KEY=VALUE]
+           [--conformance-serial-metadata KEY=VALUE] [--conformance-lora-dir DIR]
 
 Items run in the suite's order against one shared connection (a private event loop); a check that
 skips is a skipped test with the suite's reason, a failing check fails with the violation.
@@ -30,6 +31,11 @@ def pytest_addoption(parser):
                     help="the target admits N concurrent requests (N+1 must be RESOURCE_EXHAUSTED)")
     group.addoption("--conformance-long-metadata", action="append", default=[],
                     help="KEY=VALUE metadata for requests that must stay running")
+    group.addoption("--conformance-fail-metadata", action="append", default=[],
+                    help="KEY=VALUE metadata that makes the engine fail an accepted request (opt-in hook)")
+    group.addoption("--conformance-serial-metadata", action="append", default=[],
+                    help="KEY=VALUE metadata that makes the engine queue requests by priority (opt-in hook)")
+    group.addoption("--conformance-lora-dir", default=None, help="a directory the target loads as a LoRA adapter")
     group.addoption("--conformance-timeout", type=float, default=60.0, help="per-call timeout in seconds")
 
 
@@ -37,10 +43,16 @@ class _Session:
     """One Suite on a private loop, opened lazily by the first item and closed at session end."""
 
     def __init__(self, config) -> None:
-        meta = dict(item.split("=", 1) for item in config.getoption("conformance_long_metadata"))
+        def meta(name: str) -> dict[str, str]:
+            return dict(item.split("=", 1) for item in config.getoption(name))
+
         self.options = Options(destructive=config.getoption("conformance_destructive"),
                                expect_admission_limit=config.getoption("conformance_admission_limit"),
-                               long_metadata=meta, check_timeout_s=config.getoption("conformance_timeout"))
+                               long_metadata=meta("conformance_long_metadata"),
+                               fail_metadata=meta("conformance_fail_metadata"),
+                               serial_metadata=meta("conformance_serial_metadata"),
+                               lora_dir=config.getoption("conformance_lora_dir"),
+                               check_timeout_s=config.getoption("conformance_timeout"))
         self.target = config.getoption("conformance_target")
         self.model = config.getoption("conformance_model")
         self.loop: asyncio.AbstractEventLoop | None = None

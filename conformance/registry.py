@@ -36,7 +36,7 @@ class Check:
 
 REGISTRY: list[Check] = []
 DOMAINS = ("identity", "model_info", "generate", "sampling", "guided", "tasks", "lora", "lifecycle", "kv", "runtime",
-           "v0_1")
+           "errors", "v0_1")
 
 
 def check(name: str, requires: str = "always", destructive: bool = False, order: int = 0):

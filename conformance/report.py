@@ -3,9 +3,33 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
+NOT_ADVERTISED = "not advertised by this target (its refusal is checked elsewhere) or not observable here"
+
+
+def enabler(reason: str) -> str:
+    """What would make a skipped check run: a flag, another contract, another role, or nothing (a feature
+    the target does not advertise, whose refusal other checks verify)."""
+    flag = re.search(r"no (--[a-z-]+)", reason)
+    if flag:
+        return f"{flag.group(1)} (opt-in engine hook or expectation)"
+    if reason.startswith("destructive"):
+        return "--destructive (changes server state: Abort(all), Drain)"
+    if "v0.1.0 only" in reason:
+        return "--contract v0.1.0 (or both)"
+    if "not part of the v0.1.0 contract" in reason:
+        return "--contract revision-1 (or both)"
+    role = re.search(r"role (\w+) is not (PREFILL|DECODE)|role (PREFILL|DECODE) (does|needs)", reason)
+    if role:
+        return f"a target serving role {role.group(2) or 'AGGREGATED'}"
+    if "advertises generation" in reason or "no generation capabilities" in reason:
+        return "a target whose model has generation (or, for task-only checks, one without)"
+    if "long request finished" in reason:
+        return "--long-request-metadata (slow a test engine so long requests stay running)"
+    return NOT_ADVERTISED
 
 
 @dataclass
@@ -51,11 +75,20 @@ class Report:
     def get(self, name: str) -> Result | None:
         return next((r for r in self.results if r.name == name), None)
 
+    def skips_by_enabler(self) -> dict[str, list[str]]:
+        """Skipped checks grouped by what would run them (``enabler``)."""
+        out: dict[str, list[str]] = {}
+        for r in self.results:
+            if r.status == SKIP:
+                out.setdefault(enabler(r.reason), []).append(r.name)
+        return out
+
     def to_dict(self) -> dict:
         return {
             "target": self.target, "model": self.model, "engine": self.engine,
             "summary": {"passed": self.passed, "failed": self.failed, "skipped": self.skipped,
                         "total": len(self.results), "ok": self.ok},
+            "skipped_by_enabler": self.skips_by_enabler(),
             "results": [asdict(r) for r in self.results],
         }
 
@@ -79,6 +112,13 @@ class Report:
             if len(detail) > room and r.status != FAIL:
                 detail = detail[: room - 3] + "..."
             lines.append(f"{r.name.ljust(name_w)}  {r.status.upper():6}  {detail}".rstrip())
+        groups = self.skips_by_enabler()
+        if groups:
+            lines.append("")
+            lines.append("Skipped checks, by what would run them:")
+            for how, names in sorted(groups.items(), key=lambda kv: kv[0] == NOT_ADVERTISED):
+                lines.append(f"  {how}: {len(names)}")
+                lines.append("    " + ", ".join(names))
         lines.append("")
         lines.append(f"{self.passed} passed, {self.failed} failed, {self.skipped} skipped "
                      f"({len(self.results)} checks)")

@@ -89,7 +89,8 @@ async def run_suite_async(target: str, model: str | None = None, destructive: bo
                           only: str | None = None, expect_admission_limit: int | None = None,
                           long_metadata: dict[str, str] | None = None, check_timeout_s: float = 60.0,
                           progress=None, contract: str = "revision-1", **transport) -> Report:
-    """``transport``: Options' tls, tls_ca_file, tls_cert_file, tls_key_file and token."""
+    """``transport``: Options' tls, tls_ca_file, tls_cert_file, tls_key_file and token, and the opt-in engine
+    hooks fail_metadata, serial_metadata and lora_dir."""
     options = Options(contract=contract, destructive=destructive, expect_admission_limit=expect_admission_limit,
                       long_metadata=dict(long_metadata or {}), check_timeout_s=check_timeout_s, **transport)
     suite = Suite(target, model, options)

@@ -3,13 +3,26 @@
 Tokens are characters: a text prompt tokenizes to ``ord(c)``; token id t detokenizes to
 ``chr(t)``. Greedy output cycles through ``GREEDY_TEXT``; a seed picks letters with
 ``random.Random(seed + index)`` (per-index seeds, as vLLM does). Engine behaviour that tests need
-to provoke is steered through request metadata (``fake.*`` keys): step delay, EOS after N tokens,
-failure or crash after N tokens, reasoning token counts.
+to provoke is steered through request metadata (``fake.*`` keys), the opt-in hooks a black-box
+conformance run needs from a test engine:
+
+- ``fake.step_delay_ms=N``: sleep N ms before each engine step (keeps a "long" request running long
+  enough to be aborted, cancelled or counted; conformance ``--long-request-metadata``);
+- ``fake.fail_after=N`` / ``fake.crash_after=N``: fail after N steps, after acceptance, with a
+  retryable KV_TRANSFER_FAILED ``EngineFailure`` / an unexpected exception (an INTERNAL error)
+  (conformance ``--fail-request-metadata``);
+- ``fake.serialize=1``: requests carrying it run one at a time, highest ``priority`` first (ties in
+  arrival order), so scheduling order becomes observable (conformance ``--serial-request-metadata``);
+- ``fake.eos_after=N``: the model emits EOS after N tokens; ``fake.reasoning=N``: N reasoning tokens.
+
+A directory holding an ``adapter_config.json`` is a loadable LoRA adapter (conformance ``--lora-dir``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import math
 import random
 import time
@@ -76,14 +89,16 @@ def default_card(**overrides) -> be.ModelCard:
             supports_lora=False, supports_priority=False),
         classify=be.ClassifySupport(
             supported=True, input_types=inputs, granularities=(Granularity.SEQUENCE,),
-            semantics=(ValueSemantics.PROBABILITIES, ValueSemantics.LOGITS), max_batch_size=16),
+            semantics=(ValueSemantics.PROBABILITIES, ValueSemantics.LOGITS), max_batch_size=16,
+            supports_priority=False, supports_lora=False),
         score=be.ScoreSupport(
             supported=True, input_types=inputs, granularities=(Granularity.SEQUENCE,),
             semantics=(ValueSemantics.SIMILARITY, ValueSemantics.LOG_PROBABILITIES,
                        ValueSemantics.PROBABILITIES),
             normalizations=(ScoreNormalization.NONE, ScoreNormalization.SOFTMAX),
             supports_label_token_scoring=True, supports_instruction=False, max_groups=8,
-            max_candidates_per_group=8, higher_is_better=True, max_label_token_ids=4),
+            max_candidates_per_group=8, higher_is_better=True, max_label_token_ids=4,
+            supports_priority=False, supports_lora=False),
     )
     fields = dict(
         model_id="fake/tiny-model", served_model_name="tiny", served_model_aliases=("tiny-alias",),
@@ -118,6 +133,10 @@ class FakeBackend(be.EngineBackend):
         self.kv_seq = 0
         self.event_seq = 0
         self.probe_calls = 0
+        # fake.serialize: one request at a time, highest priority first (a heap of waiters)
+        self._serial_busy = False
+        self._serial_waiters: list[tuple[int, int, asyncio.Future]] = []
+        self._serial_order = itertools.count()
 
     # identity ----------------------------------------------------------------
     # engine-specific GenerateRequest.extra keys (v0.1.0), recorded in seen_params for the tests
@@ -197,7 +216,51 @@ class FakeBackend(be.EngineBackend):
             lp.candidates = [be.Candidate(t, -math.log(VOCAB), detok(t), None) for t in range(VOCAB)]
         return lp
 
+    async def _serial_acquire(self, priority: int, stop: asyncio.Event) -> bool:
+        """Wait for the serial slot (``fake.serialize``); False if aborted while waiting."""
+        if not self._serial_busy and not self._serial_waiters:
+            self._serial_busy = True
+            return True
+        fut = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._serial_waiters, (-priority, next(self._serial_order), fut))
+        try:
+            while not fut.done():
+                await asyncio.wait({fut}, timeout=0.02)
+                if stop.is_set() and not fut.done():
+                    fut.cancel()
+                    return False
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                self._serial_release()  # the slot was handed over as we were cancelled
+            else:
+                fut.cancel()
+            raise
+        return True
+
+    def _serial_release(self) -> None:
+        while self._serial_waiters:
+            _, _, fut = heapq.heappop(self._serial_waiters)
+            if not fut.done():
+                fut.set_result(None)  # the slot passes to the highest-priority waiter
+                return
+        self._serial_busy = False
+
     async def _run(self, params: be.GenerateParams, stop: asyncio.Event) -> AsyncIterator[be.GenerationChunk]:
+        meta = params.metadata
+        if "fake.serialize" in meta:
+            if not await self._serial_acquire(params.priority or 0, stop):
+                self.running.pop(params.request_id, None)
+                return
+            try:
+                async for chunk in self._run_now(params, stop):
+                    yield chunk
+            finally:
+                self._serial_release()
+            return
+        async for chunk in self._run_now(params, stop):
+            yield chunk
+
+    async def _run_now(self, params: be.GenerateParams, stop: asyncio.Event) -> AsyncIterator[be.GenerationChunk]:
         meta = params.metadata
         delay = float(meta.get("fake.step_delay_ms", self.step_delay_s * 1000)) / 1000
         prompt_ids = list(params.token_ids) if params.token_ids is not None else tokenize(params.prompt)

@@ -59,9 +59,25 @@ def _cli(tmp_path_factory, *args: str) -> tuple[int, dict, str]:
     return run.returncode, json.loads(out.read_text()), run.stdout
 
 
+def _lora_dir(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("lora")
+    (path / "adapter_config.json").write_text("{}\n")  # what the fake loads as an adapter
+    return str(path)
+
+
+# every opt-in engine hook the fake offers (fake_backend's docstring)
+def _hooks(tmp_path_factory) -> list[str]:
+    return ["--expect-admission-limit", str(ADMISSION_LIMIT), "--fail-request-metadata", "fake.crash_after=2",
+            "--serial-request-metadata", "fake.serialize=1", "--lora-dir", _lora_dir(tmp_path_factory)]
+
+
+OPT_IN = ("lifecycle.admission_limit", "generate.failure_after_acceptance", "generate.priority_order",
+          "lora.lifecycle")
+
+
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory):
-    return _cli(tmp_path_factory, "--expect-admission-limit", str(ADMISSION_LIMIT))
+    return _cli(tmp_path_factory, *_hooks(tmp_path_factory))
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +110,8 @@ def test_full_run_summary(full_run):
     assert report["summary"]["total"] == len(CHECKS)
     skipped = {r["name"]: r["reason"] for r in report["results"] if r["status"] == "skip"}
     assert skipped["lifecycle.drain"].startswith("destructive")
-    assert "lifecycle.admission_limit" not in skipped
+    for name in OPT_IN:
+        assert _results(full_run)[name]["status"] == "pass", _results(full_run)[name]
     assert re.search(r"generate\.stop_text\s+PASS", table)
     assert "skipped: role AGGREGATED is not PREFILL" in table
 
@@ -115,7 +132,7 @@ def test_pytest_plugin_turns_checks_into_items(tmp_path):
     finally:
         _stop(proc)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert re.search(r"1[0-9] passed, 1 skipped", run.stdout), run.stdout
+    assert re.search(r"1[0-9] passed, 2 skipped", run.stdout), run.stdout
 
 
 @pytest.mark.parametrize("role", [EngineRole.PREFILL, EngineRole.DECODE])
@@ -217,3 +234,15 @@ async def test_v0_1_checks_catch_a_server_without_the_metadata_rules(monkeypatch
         await server.stop(0.5)
     assert report.get("v0_1.metadata.repeated_key").status == "fail"
     assert report.get("v0_1.metadata.malformed_priority").status == "fail"
+
+
+def test_plain_run_says_what_it_skips_and_which_flag_runs_it(tmp_path_factory):
+    code, report, table = _cli(tmp_path_factory, "--only", ",".join(OPT_IN))
+    assert code == 0, table
+    groups = report["skipped_by_enabler"]
+    flags = {"lifecycle.admission_limit": "--expect-admission-limit",
+             "generate.failure_after_acceptance": "--fail-request-metadata",
+             "generate.priority_order": "--serial-request-metadata", "lora.lifecycle": "--lora-dir"}
+    for name, flag in flags.items():
+        assert any(name in names and how.startswith(flag) for how, names in groups.items()), (name, groups)
+    assert "Skipped checks, by what would run them:" in table and "--lora-dir" in table

@@ -1,6 +1,7 @@
 """One module per domain; importing this package registers every check."""
 
 from conformance.checks import (  # noqa: F401
+    errors,
     generate,
     guided,
     identity,

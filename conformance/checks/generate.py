@@ -6,9 +6,9 @@ import asyncio
 
 import grpc
 
-from conformance.context import G
-from conformance.registry import Skip, check, expect
-from openengine_adapters.v1 import engine_pb2, input_pb2, kv_pb2, model_pb2
+from conformance.context import G, error_trailer
+from conformance.registry import CheckFailed, Skip, check, expect
+from openengine_adapters.v1 import engine_pb2, error_pb2, input_pb2, kv_pb2, model_pb2
 
 C = grpc.StatusCode
 MODES = model_pb2.CandidateTokenSelectionMode
@@ -17,7 +17,10 @@ MODES = model_pb2.CandidateTokenSelectionMode
 @check("generate.stream_contract", "role AGGREGATED")
 async def stream_contract(ctx):
     """Greedy request: request_id echoed, output_index present (incl. 0), one finish, usage only on the
-    final message with total = prompt + completion = streamed tokens, deltas not cumulative."""
+    final message with total = prompt + completion = streamed tokens, deltas not cumulative. Every stream
+    the suite reads is held to the same rules (context.check_stream), including "When FinishReason is STOP,
+    stop_match identifies the matched caller stop token, stop string, or model EOS token" (a caller stop
+    it names was requested) and one string per token id across TokenInfo and candidates."""
     ctx.require_generation()
     req = ctx.request("basic", max_tokens=8, sampling=G.SamplingParams(temperature=0.0))
     s = await ctx.run(req)
@@ -79,13 +82,19 @@ async def decode_requires_session(ctx):
 
 @check("generate.aggregated_refuses_kv_session", "role AGGREGATED")
 async def aggregated_refuses_session(ctx):
-    """An AGGREGATED engine refuses kv.session (role/request mismatch) before acceptance."""
+    """"Engines must validate role/request compatibility before acceptance and return a non-OK gRPC status
+    on mismatch": an AGGREGATED engine refuses kv.session as a role mismatch (FAILED_PRECONDITION, or
+    INVALID_ARGUMENT), not as a session it merely failed to find (NOT_FOUND would tell the caller to retry
+    with another session; with the error trailer the code is ROLE_MISMATCH)."""
     ctx.require_generation()
     req = ctx.request("sess")
-    req.kv.session.CopyFrom(kv_pb2.KvSessionRef(session_id="conformance-no-such-session",
-                                                transfer_backend="conformance"))
-    codes = [c for c in C if c != C.OK]
-    await ctx.gen_rejected(req, *codes, what="Generate with kv.session on AGGREGATED")
+    req.kv.session.CopyFrom(kv_pb2.KvSessionRef(session_id="conformance-no-such-session"))
+    exc = await ctx.gen_rejected(req, C.FAILED_PRECONDITION, C.INVALID_ARGUMENT,
+                                 what="Generate with kv.session on AGGREGATED")
+    err = error_trailer(exc)
+    if err is not None and exc.code() == C.FAILED_PRECONDITION:
+        expect(err.code == error_pb2.ERROR_CODE_ROLE_MISMATCH,
+               f"role mismatch refused with EngineError code {error_pb2.ErrorCode.Name(err.code)}")
 
 
 @check("generate.refused_on_task_only_model", "a model without generation capabilities")
@@ -159,15 +168,20 @@ def _pick_stop(text: str) -> str:
     raise Skip(f"could not derive a stop string from the greedy output {text!r}")
 
 
+NEVER = "\u2603conformance-never\u2603"
+
+
 @check("generate.stop_text", "role AGGREGATED")
 async def stop_text(ctx):
-    """A stop string known to occur (from a greedy run) ends with STOP, stop_match.stop_text equal to it,
-    and the output stops right before it (excluded by default)."""
+    """A stop string known to occur (from a greedy run) ends with STOP, "stop_match identifies the matched
+    caller ... stop string": stop_match.stop_text is the one that matched, not the first one requested (a
+    string that never occurs is requested first), and the output stops right before it (excluded by default)."""
     ctx.require_generation()
     base = await ctx.baseline()
     stop = _pick_stop(base.text)
     req = ctx.request("stoptext", max_tokens=16, sampling=G.SamplingParams(temperature=0.0))
     req.stopping.ignore_eos = True
+    req.stopping.conditions.add(stop_text=NEVER)
     req.stopping.conditions.add(stop_text=stop)
     text, _, fin = (await ctx.run(req)).only()
     expect(fin.reason == G.FINISH_REASON_STOP,
@@ -191,6 +205,7 @@ async def include_stop(ctx):
     req.stopping.conditions.add(stop_text=stop)
     if not ctx.gen_caps().supports_stop_in_output:
         await ctx.gen_rejected(req, what="include_stop_in_output not advertised")
+        ctx.reported(ctx.gen_caps(), "supports_stop_in_output", "include_stop_in_output")
         return
     text, _, fin = (await ctx.run(req)).only()
     expect(fin.reason == G.FINISH_REASON_STOP and fin.stop_match.stop_text == stop,
@@ -201,7 +216,8 @@ async def include_stop(ctx):
 
 @check("generate.stop_token_id", "role AGGREGATED")
 async def stop_token_id(ctx):
-    """A stop token id known to occur ends with STOP and stop_match.stop_token_id equal to it."""
+    """A stop token id known to occur ends with STOP and stop_match.stop_token_id equal to it (the matched one:
+    an id that does not occur is requested first)."""
     ctx.require_generation()
     base = await ctx.baseline()
     pos = next((i for i in range(2, len(base.token_ids)) if base.token_ids[i] not in base.token_ids[:i]), None)
@@ -210,6 +226,8 @@ async def stop_token_id(ctx):
     tid = base.token_ids[pos]
     req = ctx.request("stopid", max_tokens=16, sampling=G.SamplingParams(temperature=0.0))
     req.stopping.ignore_eos = True
+    decoy = next(i for i in range(2, 10_000) if i not in base.token_ids)
+    req.stopping.conditions.add(stop_token_id=decoy)
     req.stopping.conditions.add(stop_token_id=tid)
     _, ids, fin = (await ctx.run(req)).only()
     expect(fin.reason == G.FINISH_REASON_STOP, f"finish reason {G.FinishReason.Name(fin.reason)}, expected STOP "
@@ -310,19 +328,22 @@ async def duplicate_id(ctx):
 
 # option gates -----------------------------------------------------------------------------------------
 
-async def _gated(ctx, advertised: bool, req, what: str):
-    if advertised:
+async def _gated(ctx, caps, name: str, req, what: str):
+    """Advertised: works; else INVALID_ARGUMENT, never silently ignored -- and a refused option's capability
+    is reported (an explicit false), not left unreported."""
+    if getattr(caps, name):
         s = await ctx.run(req)
         expect(s.error is None, f"{what}: EngineError {s.error}")
     else:
         await ctx.gen_rejected(req, what=f"{what} (not advertised)")
+        ctx.reported(caps, name, what)
 
 
 @check("generate.priority", "advertised supports_priority (else rejected)")
 async def priority(ctx):
     """priority works when supports_priority, else INVALID_ARGUMENT (never silently ignored)."""
     ctx.require_generation()
-    await _gated(ctx, ctx.gen_caps().supports_priority, ctx.request("prio", priority=1), "priority")
+    await _gated(ctx, ctx.gen_caps(), "supports_priority", ctx.request("prio", priority=1), "priority")
 
 
 @check("generate.cache_salt", "advertised supports_cache_salt (else rejected)")
@@ -331,7 +352,7 @@ async def cache_salt(ctx):
     ctx.require_generation()
     req = ctx.request("salt")
     req.kv.cache_salt = "conformance"
-    await _gated(ctx, ctx.gen_caps().supports_cache_salt, req, "cache_salt")
+    await _gated(ctx, ctx.gen_caps(), "supports_cache_salt", req, "cache_salt")
 
 
 @check("generate.bypass_prefix_cache", "advertised supports_prefix_cache_bypass (else rejected)")
@@ -340,7 +361,7 @@ async def bypass_prefix_cache(ctx):
     ctx.require_generation()
     req = ctx.request("bypass")
     req.kv.bypass_prefix_cache = True
-    await _gated(ctx, ctx.gen_caps().supports_prefix_cache_bypass, req, "bypass_prefix_cache")
+    await _gated(ctx, ctx.gen_caps(), "supports_prefix_cache_bypass", req, "bypass_prefix_cache")
 
 
 @check("generate.lora_name", "advertised supports_lora (else rejected)")
@@ -352,6 +373,7 @@ async def lora_name(ctx):
         await ctx.gen_rejected(req, C.NOT_FOUND, C.INVALID_ARGUMENT, what="Generate with an unknown lora_name")
     else:
         await ctx.gen_rejected(req, what="lora_name with supports_lora false")
+        ctx.reported(ctx.mi(), "supports_lora", "lora_name")
 
 
 @check("generate.media_unadvertised", "supports_multimodal false")
@@ -363,6 +385,7 @@ async def media_unadvertised(ctx):
     req = ctx.request("media")
     req.media.add(modality=input_pb2.MODALITY_IMAGE, data_uri="data:image/png;base64,iVBORw0KGgo=")
     await ctx.gen_rejected(req, what="media on a text-only model")
+    ctx.reported(ctx.mi(), "supports_multimodal", "media")
 
 
 # logprobs -----------------------------------------------------------------------------------------------
@@ -399,6 +422,10 @@ def _logprob_check(which: str, mode: int):
             req.response.output_candidates.CopyFrom(sel)
         if not (cap.supported and mode in cap.candidate_selection_modes):
             await ctx.gen_rejected(req, what=f"{which} logprobs with {mode_name} candidates (not advertised)")
+            if not ctx.gen_caps().HasField(f"{which}_logprobs"):
+                raise CheckFailed(f"{which} logprobs are refused, yet generation.{which}_logprobs is absent "
+                                  "(unreported): report supported = false")
+            ctx.reported(cap, "supported", f"{which} logprobs")
             return
         s = await ctx.run(req)
         expect(s.error is None, f"EngineError {s.error}")
@@ -454,6 +481,7 @@ async def logprobs_plain(ctx):
     req.response.return_output_logprobs = True
     if not cap.supported:
         await ctx.gen_rejected(req, what="output logprobs (not advertised)")
+        ctx.reported(cap, "supported", "output logprobs")
         return
     s = await ctx.run(req)
     expect(all(t.HasField("logprob") for t in s.tokens.get(0, [])), "a token has no logprob")
@@ -467,3 +495,185 @@ async def concurrent(ctx):
     results = await asyncio.gather(*(ctx.run(r) for r in reqs))
     for s in results:
         expect(s.error is None, f"EngineError {s.error}")
+
+
+# limits, prompt positions, failures after acceptance, scheduling order, prefix-cache options -------------
+
+@check("generate.limits_at_maximum", "advertised max_num_sequences / max_top_n")
+async def limits_at_maximum(ctx):
+    """"The remaining generation fields advertise support and limits for the corresponding request
+    options": an advertised limit is the largest value accepted, so num_sequences == max_num_sequences
+    (up to 16) and top_n == max_top_n (prompt and output, TOP_N advertised) are accepted and honoured."""
+    ctx.require_generation()
+    g = ctx.gen_caps()
+    tested = []
+    if g.HasField("max_num_sequences") and g.max_num_sequences <= 16:
+        n = g.max_num_sequences
+        req = ctx.request("nmax", max_tokens=2, sampling=G.SamplingParams(temperature=1.0, num_sequences=n,
+                                                                          **await ctx.seed(3)))
+        s = await ctx.run(req)
+        expect(sorted(s.finished) == list(range(n)), f"num_sequences {n} (the maximum): finished {sorted(s.finished)}")
+        tested.append(f"num_sequences {n}")
+    for which in ("output", "prompt"):
+        cap = getattr(g, f"{which}_logprobs")
+        if not (cap.supported and cap.HasField("max_top_n")
+                and MODES.CANDIDATE_TOKEN_SELECTION_MODE_TOP_N in cap.candidate_selection_modes):
+            continue
+        req = ctx.request(f"{which}topmax", max_tokens=2, sampling=G.SamplingParams(temperature=0.0))
+        getattr(req.response, f"{which}_candidates").top_n = cap.max_top_n
+        setattr(req.response, f"return_{which}_logprobs", True)
+        s = await ctx.run(req)
+        infos = s.tokens.get(0, []) if which == "output" else list(s.prompt.tokens if s.prompt else [])[1:]
+        expect(infos, f"{which} top_n {cap.max_top_n}: no token information came back")
+        for info in infos:
+            expect(len(info.candidates) == cap.max_top_n,
+                   f"{which} top_n {cap.max_top_n} (the maximum): {len(info.candidates)} candidates")
+        tested.append(f"{which} top_n {cap.max_top_n}")
+    if not tested:
+        raise Skip("no max_num_sequences <= 16 and no max_top_n with TOP_N advertised")
+
+
+@check("generate.prompt_logprob_start", "advertised prompt_logprobs (else rejected by generate.prompt_logprobs_*)")
+async def prompt_logprob_start(ctx):
+    """ResponseOptions.prompt_logprob_start: prompt token information starts at that position, so the
+    PromptOutput holds the prompt tokens from there on (the same ids as a run from 0), and its first entry
+    is not the prompt's first token, so it carries a logprob."""
+    ctx.require_generation()
+    cap = ctx.gen_caps().prompt_logprobs
+    if not cap.supported:
+        raise Skip("prompt logprobs not advertised (their refusal is generate.prompt_logprobs_*)")
+    kw = {"token_ids": input_pb2.TokenIds(ids=ctx.prompt_ids())} if ctx.mi().supports_token_ids_input else {}
+    runs = []
+    for start in (None, 2):
+        req = ctx.request("pstart", max_tokens=1, sampling=G.SamplingParams(temperature=0.0), **kw)
+        req.response.return_prompt_logprobs = True
+        if start is not None:
+            req.response.prompt_logprob_start = start
+        s = await ctx.run(req)
+        expect(s.prompt is not None, "return_prompt_logprobs asked but no PromptOutput came")
+        runs.append(s)
+    full, tail = ([t.token_id for t in r.prompt.tokens] for r in runs)
+    expect(tail == full[2:], f"prompt_logprob_start 2: prompt token ids {tail}, expected {full[2:]} (from {full})")
+    expect(not tail or runs[1].prompt.tokens[0].HasField("logprob"),
+           "prompt_logprob_start 2: the first returned prompt token (position 2) has no logprob")
+
+
+@check("generate.failure_after_acceptance", "--fail-request-metadata KEY=VALUE")
+async def failure_after_acceptance(ctx):
+    """"Accepted request, application failure: exactly one terminal EngineError event; gRPC OK after the
+    event" -- never a non-OK status once events flowed. Needs a test-engine hook that makes an accepted
+    request fail mid-stream (``--fail-request-metadata``, e.g. the fake's ``fake.crash_after=2``)."""
+    if not ctx.options.fail_metadata:
+        raise Skip("no --fail-request-metadata given (a test-engine hook that fails an accepted request)")
+    ctx.require_generation()
+    req = ctx.request("fail", max_tokens=16, sampling=G.SamplingParams(temperature=0.0))
+    req.stopping.ignore_eos = True
+    req.metadata.update(ctx.options.fail_metadata)
+    events = []
+    try:
+        async for r in ctx.stub.Generate(req, timeout=ctx.options.check_timeout_s):
+            events.append(r)
+    except grpc.aio.AioRpcError as exc:
+        raise CheckFailed(f"the failing request ended with gRPC status {exc.code().name} after {len(events)} "
+                          "event(s): an accepted request ends with one terminal EngineError and gRPC OK") from None
+    from conformance.context import check_stream
+
+    s = check_stream(req, events)
+    expect(s.error is not None, "the request carrying --fail-request-metadata completed without an EngineError "
+           "(the hook did not reach the engine)")
+
+
+@check("generate.priority_order", "advertised supports_priority; --serial-request-metadata KEY=VALUE")
+async def priority_order(ctx):
+    """"priority uses higher values for higher scheduling priority": of two queued requests, the one with
+    the larger priority starts first. Needs a test-engine hook that runs the requests carrying it one at a
+    time (``--serial-request-metadata``, e.g. the fake's ``fake.serialize=1``); without supports_priority
+    the option's refusal is generate.priority."""
+    if not ctx.options.serial_metadata:
+        raise Skip("no --serial-request-metadata given (a test-engine hook that queues requests)")
+    ctx.require_generation()
+    if not ctx.gen_caps().supports_priority:
+        raise Skip("supports_priority not advertised (its refusal is generate.priority)")
+
+    def queued(tag, priority):
+        req = ctx.request(tag, max_tokens=2, priority=priority, sampling=G.SamplingParams(temperature=0.0))
+        req.metadata.update(ctx.options.serial_metadata)
+        return req
+
+    started: list[str] = []
+
+    async def run(req, name):
+        async for _ in ctx.stub.Generate(req, timeout=ctx.options.check_timeout_s):
+            if name not in started:
+                started.append(name)
+
+    blocker_req = ctx.long_request("prio-block", priority=0)
+    blocker_req.metadata.update(ctx.options.serial_metadata)
+    blocker = ctx.stub.Generate(blocker_req, timeout=ctx.options.check_timeout_s)
+    try:
+        first = await blocker.read()
+        expect(first is not grpc.aio.EOF, "the blocking request ended without events")
+        low = asyncio.ensure_future(run(queued("prio-low", 1), "low"))
+        await asyncio.sleep(0.3)
+        high = asyncio.ensure_future(run(queued("prio-high", 10), "high"))
+        await asyncio.sleep(0.3)
+        expect(not started, f"{started} started while the blocking request held the engine (the hook does not queue)")
+    finally:
+        blocker.cancel()  # frees the engine: the two queued requests run now, one at a time
+    await asyncio.wait_for(asyncio.gather(low, high), ctx.options.check_timeout_s)
+    expect(started == ["high", "low"], f"queued requests started in the order {started}: priority 10 must start "
+           "before priority 1 (larger values have higher priority)")
+
+
+def _cache_prompt(ctx, tag: str) -> dict:
+    """A prompt long enough to fill prefix-cache blocks, unique to this run."""
+    mi = ctx.mi()
+    room = (mi.max_context_length - 32) if mi.HasField("max_context_length") else 400
+    if mi.supports_text_input:
+        text = f"prefix cache probe {ctx.rid(tag)} " + " ".join(f"w{i}" for i in range(200))
+        return {"prompt": text[: max(32, min(len(text), room))]}
+    seed = sum(ord(c) for c in ctx.rid(tag))
+    return {"token_ids": input_pb2.TokenIds(ids=[1 + (seed + 7 * i) % 97 for i in range(max(16, min(300, room)))])}
+
+
+async def _cached(ctx, tag: str, prompt: dict, **kv) -> int | None:
+    req = ctx.request(tag, max_tokens=1, sampling=G.SamplingParams(temperature=0.0), **prompt)
+    for k, v in kv.items():
+        setattr(req.kv, k, v)
+    s = await ctx.run(req)
+    expect(s.error is None, f"EngineError {s.error}")
+    return s.usage.cached_prompt_tokens if s.usage.HasField("cached_prompt_tokens") else None
+
+
+async def _repeat_hits(ctx, tag: str, prompt: dict, **kv) -> None:
+    await _cached(ctx, tag, prompt, **kv)
+    again = await _cached(ctx, tag, prompt, **kv)
+    if not again:
+        raise Skip("a repeated prompt reports no cached_prompt_tokens, so prefix-cache reuse is not observable")
+
+
+@check("generate.cache_salt_namespaces", "advertised supports_cache_salt; cached_prompt_tokens reported")
+async def cache_salt_namespaces(ctx):
+    """"cache_salt namespaces the prefix-cache key": a prompt cached under one salt is not reused under
+    another (cached_prompt_tokens 0), where a repeat under the same salt is."""
+    ctx.require_generation()
+    if not ctx.gen_caps().supports_cache_salt:
+        raise Skip("supports_cache_salt not advertised (its refusal is generate.cache_salt)")
+    prompt = _cache_prompt(ctx, "salt")
+    await _repeat_hits(ctx, "salt-a", prompt, cache_salt=f"conformance-a-{ctx.rid('s')}")
+    other = await _cached(ctx, "salt-b", prompt, cache_salt=f"conformance-b-{ctx.rid('s')}")
+    expect(not other, f"a prompt cached under one cache_salt reused {other} cached tokens under another salt")
+
+
+@check("generate.bypass_prefix_cache_skips_reuse",
+       "advertised supports_prefix_cache_bypass; cached_prompt_tokens reported")
+async def bypass_prefix_cache_skips_reuse(ctx):
+    """"bypass_prefix_cache = true skips prefix cache reuse": a prompt that a repeat finds cached reports
+    no cached_prompt_tokens when sent with bypass_prefix_cache."""
+    ctx.require_generation()
+    if not ctx.gen_caps().supports_prefix_cache_bypass:
+        raise Skip("supports_prefix_cache_bypass not advertised (its refusal is generate.bypass_prefix_cache)")
+    prompt = _cache_prompt(ctx, "bypass")
+    await _repeat_hits(ctx, "bypass", prompt)
+    bypassed = await _cached(ctx, "bypass-on", prompt, bypass_prefix_cache=True)
+    expect(not bypassed, f"bypass_prefix_cache = true still reused {bypassed} cached prompt tokens")

@@ -93,7 +93,10 @@ class _Sub:
 @check("kv.subscribe_events", "implemented (UNIMPLEMENTED accepted)")
 async def subscribe(ctx):
     """SubscribeKvEvents: batches have strictly increasing sequence numbers; replay from a seen sequence
-    number starts at that batch."""
+    number starts at that batch. "OpenEngine preserves ... monotonic sequence numbers, replay start
+    sequence": per data-parallel rank the numbers a subscriber sees are consecutive, so a lost batch shows
+    as a gap -- a server that cannot deliver a batch ends the subscription with an EngineError instead of
+    dropping it silently."""
     sub = _Sub(ctx)
     try:
         await sub.start()
@@ -113,6 +116,13 @@ async def subscribe(ctx):
         raise Skip("no KV events arrived within 3 s")
     seqs = [b.sequence_number for b in batches]
     expect(all(a < b for a, b in zip(seqs, seqs[1:], strict=False)), f"sequence numbers not increasing: {seqs}")
+    per_rank: dict[int, list[int]] = {}
+    for b in batches:
+        per_rank.setdefault(b.data_parallel_rank, []).append(b.sequence_number)
+    for rank, numbers in per_rank.items():
+        gaps = [(a, b) for a, b in zip(numbers, numbers[1:], strict=False) if b != a + 1]
+        expect(not gaps, f"rank {rank}: sequence numbers {numbers} skip batches at {gaps} (a batch was dropped "
+               "without an error)")
     start = seqs[-1] if len(seqs) == 1 else seqs[1]
     replay = _Sub(ctx, start_sequence_number=start)
     try:

@@ -144,17 +144,33 @@ async def embed_encodings(ctx):
 
 @check("tasks.embed_normalize", "advertised tasks.embed supports_normalization (else rejected)")
 async def embed_normalize(ctx):
-    """normalize=true gives unit L2 norm when supported; otherwise an explicit normalize is INVALID_ARGUMENT."""
+    """"An explicit granularity, normalization, or encoding request must be implemented exactly or
+    rejected": normalize=true gives unit L2 norm; normalize=false gives the same direction (the vector that
+    normalize=true scales), or is refused; without supports_normalization an explicit normalize is
+    INVALID_ARGUMENT."""
     cap = _require(ctx, "embed")
     if not cap.supports_normalization:
         await ctx.rejected(_embed(ctx, cap, "embnorm", normalize=True), C.INVALID_ARGUMENT,
                            what="Embed normalize (not advertised)")
+        ctx.reported(cap, "supports_normalization", "Embed normalize")
         return
     _, resp = await _embed(ctx, cap, "embnorm", normalize=True)
     for i, o in enumerate(resp.outputs):
         if o.WhichOneof("embedding") == "dense" and o.granularity == T.TASK_OUTPUT_GRANULARITY_SEQUENCE:
             norm = math.sqrt(sum(v * v for v in o.dense.values))
             expect(abs(norm - 1.0) < 1e-3, f"output {i}: L2 norm {norm:.5f} with normalize=true")
+    try:
+        _, raw = await _embed(ctx, cap, "embraw", normalize=False)
+    except grpc.aio.AioRpcError as exc:
+        expect(exc.code() == C.INVALID_ARGUMENT, f"normalize=false failed with {exc.code().name}: {exc.details()}")
+        return
+    for i, (a, b) in enumerate(zip(resp.outputs, raw.outputs, strict=True)):
+        if a.WhichOneof("embedding") == b.WhichOneof("embedding") == "dense":
+            na = math.sqrt(sum(v * v for v in a.dense.values))
+            nb = math.sqrt(sum(v * v for v in b.dense.values))
+            if na and nb:
+                cos = sum(x * y for x, y in zip(a.dense.values, b.dense.values, strict=True)) / (na * nb)
+                expect(cos > 0.999, f"output {i}: normalize=false points elsewhere than normalize=true (cos {cos:.4f})")
 
 
 @check("tasks.embed_dimensions", "advertised tasks.embed supports_dimension_override (else rejected)")
@@ -166,6 +182,7 @@ async def embed_dimensions(ctx):
     if not cap.supports_dimension_override:
         await ctx.rejected(_embed(ctx, cap, "embdim", dimensions=2), C.INVALID_ARGUMENT,
                            what="Embed dimensions (override not advertised)")
+        ctx.reported(cap, "supports_dimension_override", "Embed dimensions")
         return
     req, resp = await _embed(ctx, cap, "embdim", dimensions=2, granularity=T.TASK_OUTPUT_GRANULARITY_SEQUENCE)
     for i, o in enumerate(resp.outputs):
@@ -238,10 +255,12 @@ def _rejection_checks(task: str):
         if not cap.supports_priority:
             await ctx.rejected(_batch_request(ctx, task, cap, "prio", priority=1), C.INVALID_ARGUMENT,
                                what=f"{task} priority (not advertised)")
+            ctx.reported(cap, "supports_priority", f"{task} priority")
             tested += 1
         if not cap.supports_lora:
             await ctx.rejected(_batch_request(ctx, task, cap, "lora", lora_name="conformance-lora"),
                                C.INVALID_ARGUMENT, what=f"{task} lora_name (not advertised)")
+            ctx.reported(cap, "supports_lora", f"{task} lora_name")
             tested += 1
         if not tested:
             raise Skip("priority and lora are both advertised")
@@ -385,6 +404,7 @@ async def score_label_tokens(ctx):
     if not cap.supports_label_token_scoring:
         await ctx.rejected(_score(ctx, cap, "lbl", label_token_ids=labels), C.INVALID_ARGUMENT,
                            what="Score label_token_ids (not advertised)")
+        ctx.reported(cap, "supports_label_token_scoring", "Score label_token_ids")
         return
     req, resp = await _score(ctx, cap, "lbl", label_token_ids=labels)
     _check_score(req, resp, width=len(labels))
@@ -455,3 +475,5 @@ async def score_groups(ctx):
     for what, groups, o in cases:
         req = scoring_pb2.ScoreRequest(context=_context(ctx, "badgroup"), groups=groups, options=o)
         await ctx.rejected(ctx.stub.Score(req, timeout=30), C.INVALID_ARGUMENT, what=f"Score with {what}")
+    if not cap.supports_instruction:
+        ctx.reported(cap, "supports_instruction", "Score instruction")

@@ -6,11 +6,16 @@ directly (messages as the release defines them); on a revision-1 run they are sk
 
 from __future__ import annotations
 
-import grpc
+import asyncio
 
-from conformance.registry import Skip, check, expect
+import grpc
+from google.protobuf import unknown_fields
+
+from conformance.registry import CheckFailed, Skip, check, expect
 from openengine_adapters.errors import ERROR_TRAILER
 from openengine_adapters.v0_1 import error_pb2, generation_pb2, openengine_pb2_grpc, server_pb2
+
+V0_1_CODES = frozenset(error_pb2.ErrorCode.values()) - {error_pb2.ERROR_CODE_UNSPECIFIED}
 
 
 def _v0_1(ctx):
@@ -19,11 +24,20 @@ def _v0_1(ctx):
     return openengine_pb2_grpc.InferenceStub(ctx.channel), openengine_pb2_grpc.ControlStub(ctx.channel)
 
 
-def _request(ctx) -> generation_pb2.GenerateRequest:
+def _request(ctx, max_tokens: int = 2) -> generation_pb2.GenerateRequest:
     """The suite's usual small request, in v0.1.0's message (fields 1-11 are the same bytes)."""
-    rev1 = ctx.request("v01", max_tokens=2)
+    rev1 = ctx.request("v01", max_tokens=max_tokens)
     rev1.ClearField("kv")
     return generation_pb2.GenerateRequest.FromString(rev1.SerializeToString())
+
+
+def v0_1_error(err: error_pb2.EngineError, what: str) -> None:
+    """A v0.1.0 EngineError is v0.1.0's message: a v0.1.0 ErrorCode value ("ERROR_CODE_INTERNAL = 11";
+    revision 1's 12 and its DRAINING do not exist here) and no field v0.1.0 lacks (retry_after_ms,
+    details are revision 1's fields 4 and 5)."""
+    expect(err.code in V0_1_CODES, f"{what}: EngineError code {err.code} is not a v0.1.0 ErrorCode value")
+    extra = [f.field_number for f in unknown_fields.UnknownFieldSet(err)]
+    expect(not extra, f"{what}: the EngineError carries fields v0.1.0 does not define: {extra}")
 
 
 async def _refused(ctx, call, code: grpc.StatusCode, what: str) -> error_pb2.EngineError:
@@ -36,7 +50,9 @@ async def _refused(ctx, call, code: grpc.StatusCode, what: str) -> error_pb2.Eng
         expect(not events, f"{what}: {len(events)} event(s) sent before the rejection")
         values = [v for k, v in exc.trailing_metadata() or () if k == ERROR_TRAILER]
         expect(values, f"{what}: {code.name} without the {ERROR_TRAILER} trailer")
-        return error_pb2.EngineError.FromString(values[0])
+        err = error_pb2.EngineError.FromString(values[0])
+        v0_1_error(err, what)
+        return err
     raise AssertionError(f"{what}: expected {code.name}, the call succeeded ({len(events)} events)")
 
 
@@ -120,3 +136,98 @@ async def unknown_extra_ignored(ctx):
     events = [e async for e in inference.Generate(req, timeout=ctx.options.check_timeout_s)]
     expect(events and events[-1].WhichOneof("event") == "finished",
            f"a request with an unknown extra key ended with {events[-1].WhichOneof('event') if events else 'nothing'}")
+
+
+@check("v0_1.metadata.malformed_values", "contract v0.1.0; role AGGREGATED")
+async def malformed_values(ctx):
+    """"openengine-target-dp-rank: Base-10 uint32", "openengine-priority: Base-10 int32"; "malformed numeric
+    values ... return gRPC INVALID_ARGUMENT": fractions, hex, signs a uint32 lacks and values outside the
+    type's range are malformed."""
+    inference, _ = _v0_1(ctx)
+    ctx.require_generation()
+    cases = [("openengine-priority", v) for v in ("1.5", "0x10", "2147483648", "-2147483649")]
+    cases += [("openengine-target-dp-rank", v) for v in ("-1", "one", "4294967296")]
+    for key, value in cases:
+        await _refused(ctx, inference.Generate(_request(ctx), metadata=((key, value),),
+                                               timeout=ctx.options.check_timeout_s),
+                       grpc.StatusCode.INVALID_ARGUMENT, f"{key}: {value}")
+
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+@check("v0_1.metadata.valid_keys_accepted", "contract v0.1.0; role AGGREGATED")
+async def valid_keys_accepted(ctx):
+    """The keys upstream defines work when well-formed: an "opaque non-empty ASCII routing key", the
+    target DP rank 0 (every server has rank 0), W3C ``traceparent``/``tracestate``, and "application-specific
+    metadata may use other gRPC metadata keys"; a malformed ``traceparent`` is ignored as W3C says (the trace
+    restarts), never an error."""
+    inference, _ = _v0_1(ctx)
+    ctx.require_generation()
+    for what, md in (("routing key, dp rank 0, trace context, an application key",
+                      (("openengine-routing-key", "tenant-a/42"), ("openengine-target-dp-rank", "0"),
+                       ("traceparent", TRACEPARENT), ("tracestate", "conformance=1"),
+                       ("x-conformance-app", "v"))),
+                     ("a malformed traceparent", (("traceparent", "not-a-trace-parent"),))):
+        try:
+            events = [e async for e in inference.Generate(_request(ctx), metadata=md,
+                                                          timeout=ctx.options.check_timeout_s)]
+        except grpc.aio.AioRpcError as exc:
+            raise CheckFailed(f"{what}: refused with {exc.code().name}: {exc.details()}") from None
+        expect(events and events[-1].WhichOneof("event") == "finished", f"{what}: the request did not finish")
+
+
+@check("v0_1.error_event", "contract v0.1.0; role AGGREGATED; --fail-request-metadata KEY=VALUE")
+async def error_event(ctx):
+    """After acceptance a failure is "exactly one terminal EngineError event" with "gRPC OK after the event",
+    in v0.1.0's shape: a v0.1.0 ErrorCode (INTERNAL is 11) and none of revision 1's extra fields; the
+    request's metadata (application keys) reaches the engine, so the test hook fires."""
+    inference, _ = _v0_1(ctx)
+    if not ctx.options.fail_metadata:
+        raise Skip("no --fail-request-metadata given (a test-engine hook that fails an accepted request)")
+    ctx.require_generation()
+    req = _request(ctx, max_tokens=16)
+    req.stopping.ignore_eos = True
+    try:
+        events = [e async for e in inference.Generate(req, metadata=tuple(ctx.options.fail_metadata.items()),
+                                                      timeout=ctx.options.check_timeout_s)]
+    except grpc.aio.AioRpcError as exc:
+        raise CheckFailed(f"the failing request ended with gRPC status {exc.code().name}") from None
+    kinds = [e.WhichOneof("event") for e in events]
+    expect(kinds and kinds[-1] == "error", f"the request carrying the failure hook ended with {kinds[-1:]}")
+    expect(kinds.count("error") == 1, "more than one EngineError")
+    v0_1_error(events[-1].error, "the terminal error event")
+    expect(events[-1].HasField("usage"), "the terminal EngineError carries no usage")
+
+
+@check("v0_1.admission_limit", "contract v0.1.0; --expect-admission-limit N")
+async def admission_limit(ctx):
+    """Beyond the admission limit a v0.1.0 Generate is RESOURCE_EXHAUSTED before any event, with v0.1.0's
+    EngineError in the trailer: OVERLOADED, retryable, and no revision-1-only field (retry_after_ms is not
+    part of v0.1.0's EngineError)."""
+    inference, _ = _v0_1(ctx)
+    n = ctx.options.expect_admission_limit
+    if n is None:
+        raise Skip("no --expect-admission-limit given")
+    ctx.require_generation()
+    calls = []
+    long_md = tuple(ctx.options.long_metadata.items())
+    try:
+        for _ in range(n):
+            req = _request(ctx, max_tokens=ctx.long_request("adm").stopping.max_tokens)
+            req.stopping.ignore_eos = True
+            call = inference.Generate(req, metadata=long_md, timeout=ctx.options.check_timeout_s)
+            first = await call.read()
+            if first is grpc.aio.EOF or first.WhichOneof("event") in ("finished", "error"):
+                raise Skip("a long request finished at once; pass --long-request-metadata to slow the engine")
+            calls.append(call)
+        err = await _refused(ctx, inference.Generate(_request(ctx), metadata=long_md,
+                                                     timeout=ctx.options.check_timeout_s),
+                             grpc.StatusCode.RESOURCE_EXHAUSTED, f"request {n + 1} beyond the admission limit")
+        expect(err.code == error_pb2.ERROR_CODE_OVERLOADED and err.retryable,
+               f"admission overflow EngineError: code {err.code}, retryable {err.retryable}")
+    finally:
+        for call in calls:
+            call.cancel()
+    await asyncio.sleep(0)
+    await ctx.wait_idle("cancelling the admitted streams")
