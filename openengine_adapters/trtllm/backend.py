@@ -47,9 +47,17 @@ from openengine_adapters.types import (
 
 log = logging.getLogger(__name__)
 
-ALL_GUIDED = tuple(GuidedMode)[1:]  # choice is lowered to a regex
+# the guides each grammar backend builds (tensorrt_llm/grpc/openengine/capabilities.py
+# GUIDE_SUPPORT_BY_BACKEND: llguidance has no structural-tag matcher); choice is lowered to a regex
+GUIDED_BY_BACKEND = {
+    "xgrammar": tuple(GuidedMode)[1:],
+    "llguidance": tuple(m for m in tuple(GuidedMode)[1:] if m != GuidedMode.STRUCTURAL_TAG),
+}
 TEXT_INPUTS = (TaskInputType.TEXT, TaskInputType.TOKEN_IDS)
 LORA_WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
+# sampling field -> its no-op values: what TensorRT-LLM 1.2's TorchSampler accepts and ignores
+IGNORED_BY_TORCH_SAMPLER = (("repetition_penalty", (1.0,)), ("presence_penalty", (0.0,)),
+                            ("frequency_penalty", (0.0,)), ("min_p", (0.0,)), ("seed", ()))
 
 
 @dataclass(frozen=True)
@@ -117,6 +125,11 @@ class TrtllmBackend(be.EngineBackend):
         self.stats_on = bool(_get(args, "enable_iter_perf_stats", default=False))
         self.lora_on = _get(args, "lora_config") is not None
         self.guided_backend = _get(args, "guided_decoding_backend") or ""
+        sampler = _get(args, "sampler_type", default="auto")
+        self.sampler = str(getattr(sampler, "value", sampler))
+        # TorchSampler (sampler_type auto or TorchSampler) ignores these in TensorRT-LLM 1.2; the C++
+        # decoder behind TRTLLMSampler applies them
+        self.ignored_sampling = () if self.sampler == "TRTLLMSampler" else IGNORED_BY_TORCH_SAMPLER
         self.attention_dp = bool(_get(args, "enable_attention_dp", default=False))
         self.tp = _get(args, "tensor_parallel_size", default=1)
         self.pp = _get(args, "pipeline_parallel_size", default=1)
@@ -176,7 +189,9 @@ class TrtllmBackend(be.EngineBackend):
         return be.KvConnector(enabled=True, transfer_backend=self.transfer_backend,
                               supported_protocols=(self.transfer_backend.lower(),),
                               supports_remote_prefill=self.role == EngineRole.DECODE,
-                              supports_abort_cleanup=self.role == EngineRole.PREFILL, supports_drain=True)
+                              # a finished context-only request is gone from the worker: aborting it
+                              # frees nothing (executor/base_worker.py abort_request)
+                              supports_abort_cleanup=False, supports_drain=True)
 
     def _build_card(self) -> be.ModelCard:
         names = self.options.served_model_names or (str(_get(self.args, "model", default="model")),)
@@ -184,7 +199,8 @@ class TrtllmBackend(be.EngineBackend):
         n_max = self.options.max_num_sequences or self.max_batch_size or 8
         gen = be.GenerationSupport(
             prompt_logprobs=top, output_logprobs=top,
-            guided_decoding=be.GuidedSupport(True, ALL_GUIDED) if self.guided_backend else be.GuidedSupport(False),
+            guided_decoding=(be.GuidedSupport(True, GUIDED_BY_BACKEND[self.guided_backend])
+                             if self.guided_backend in GUIDED_BY_BACKEND else be.GuidedSupport(False)),
             max_num_sequences=n_max,
             supports_priority=False, supports_stop_in_output=True,
             supports_cache_salt=self.block_reuse and "cache_salt" in self._accepts,
@@ -299,6 +315,11 @@ class TrtllmBackend(be.EngineBackend):
         return max(len(self.tokenizer.encode(s, add_special_tokens=False)) for s in st.stop_texts) - 1
 
     async def validate_generate(self, params: be.GenerateParams) -> None:
+        for name, neutral in self.ignored_sampling:
+            value = getattr(params.sampling, name)
+            if value is not None and value not in neutral:
+                raise invalid(f"sampling.{name}: TensorRT-LLM's TorchSampler (sampler_type {self.sampler}) ignores "
+                              "it; serve with sampler_type: TRTLLMSampler to use it")
         g = params.guided
         if g is not None and g.backend and g.backend != self.guided_backend:
             raise invalid(f"guided.backend: {g.backend!r} differs from the engine's guided decoding backend "
@@ -436,13 +457,11 @@ class TrtllmBackend(be.EngineBackend):
             raise RuntimeError("probe produced no token")
 
     async def release_kv_session(self, session: be.KvSession) -> bool:
-        """Prefill side: abort the finished context-only request, which frees the KV blocks it
-        keeps for the decode engine (TensorRT-LLM frees them itself once transferred)."""
-        handle = self._sessions.pop(session.session_id, None)
-        if handle is None:
-            return False
-        _abort(handle)
-        return True
+        """Prefill side: forget a handed-off session. Its KV blocks are not freed early: the
+        context-only request has finished, and TensorRT-LLM cannot abort a finished request
+        (``executor/base_worker.py`` ``abort_request``); the blocks return to the pool when the
+        decode engine has pulled them."""
+        return self._sessions.pop(session.session_id, None) is not None
 
     def open_kv_sessions(self) -> int | None:
         return len(self._sessions) if self.role == EngineRole.PREFILL else None
@@ -533,10 +552,12 @@ class TrtllmBackend(be.EngineBackend):
             # a vocabulary-wide row: off the event loop, which streams other requests meanwhile
             return await asyncio.to_thread(lambda: label_logprobs(logits[0].tolist(), labels))
 
-        bos = getattr(self.tokenizer, "bos_token_id", None)
         jobs, shape, total = [], [], 0
         for g in p.groups:
-            head = ([bos] if bos is not None and g.query.text is not None else []) + self._ids(g.query)
+            # a text query starts as the model's tokenizer starts a prompt (BOS where it adds one):
+            # TensorRT-LLM's tokenizer wrapper has no bos_token_id to read
+            head = (list(self.tokenizer.encode(g.query.text)) if g.query.text is not None
+                    else list(g.query.token_ids))
             shape.append(len(g.candidates))
             for c in g.candidates:
                 ids = head + self._ids(c)

@@ -54,9 +54,14 @@ def llm_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
     """
     kv: dict[str, Any] = {"free_gpu_memory_fraction": ns.kv_cache_free_gpu_memory_fraction,
                           "enable_block_reuse": True, "event_buffer_max_size": ns.kv_event_buffer_size}
+    if ns.backend == "tensorrt":
+        # tensorrt_llm.LLM is the PyTorch-backend LLM in 1.x; dropping the flag (as before) served a
+        # PyTorch engine under a TensorRT-engine name. This adapter drives the PyTorch backend only.
+        raise ValueError("--backend tensorrt is not supported: this adapter serves TensorRT-LLM's PyTorch "
+                         "backend (tensorrt_llm.LLM); use --backend pytorch")
     kw: dict[str, Any] = {
         "model": ns.model,
-        "backend": None if ns.backend == "tensorrt" else ns.backend,
+        "backend": ns.backend,
         "tensor_parallel_size": ns.tp_size,
         "pipeline_parallel_size": ns.pp_size,
         "trust_remote_code": ns.trust_remote_code,
@@ -87,8 +92,6 @@ def llm_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
         # the PyTorch worker refuses context-only requests while the overlap scheduler runs
         # (executor/base_worker.py _enqueue_request)
         kw["disable_overlap_scheduler"] = True
-    if kw["backend"] is None:
-        del kw["backend"]
     return deep_merge(kw, load_yaml(ns.extra_llm_api_options))
 
 

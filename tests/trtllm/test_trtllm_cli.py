@@ -45,8 +45,10 @@ def test_flags_and_yaml_merge(tmp_path):
     assert ns.max_in_flight == 5 and ns.host == "127.0.0.1"
 
 
-def test_tensorrt_backend_omits_backend_and_model_required():
-    assert "backend" not in llm_kwargs(parse_args(["m", "--backend", "tensorrt"]))
+def test_tensorrt_backend_refused_and_model_required():
+    """tensorrt_llm.LLM builds the PyTorch backend; --backend tensorrt used to be dropped silently."""
+    with pytest.raises(ValueError, match="--backend tensorrt is not supported"):
+        llm_kwargs(parse_args(["m", "--backend", "tensorrt"]))
     with pytest.raises(SystemExit):
         parse_args([])
     with pytest.raises(SystemExit):

@@ -17,7 +17,14 @@ from openengine_adapters.types import EngineRole
 def prefill_args():
     """What the sidecar builds for --role prefill: a cache transceiver, no overlap scheduler."""
     return fake_trtllm.Args(cache_transceiver_config=fake_trtllm.CacheTransceiverConfig("UCX"),
-                            disable_overlap_scheduler=True)
+                            disable_overlap_scheduler=True, sampler_type="TRTLLMSampler")
+
+
+def full_sampler_args():
+    """sampler_type TRTLLMSampler: the sampler that honours penalties, min_p and seed, which
+    sampling.explicit_params_accepted sends (under the default TorchSampler the adapter refuses
+    them, INVALID_ARGUMENT: test_default_sampler_refuses_what_it_ignores)."""
+    return fake_trtllm.Args(sampler_type="TRTLLMSampler")
 
 
 def assert_no_failures(report):
@@ -26,7 +33,7 @@ def assert_no_failures(report):
 
 
 async def run(destructive=False, args=None, only=None, contract="revision-1", **options):
-    async with serve_trtllm(args, **options) as h:
+    async with serve_trtllm(args or full_sampler_args(), **options) as h:
         h.llm.step_s = 0.005  # the suite's "long" requests must still be running when it aborts them
         target = f"127.0.0.1:{h.server.port}"
         return await run_suite_async(target, destructive=destructive, only=only, check_timeout_s=20,
@@ -62,6 +69,18 @@ async def test_v0_1_contract_on_trtllm_fake(role):
     assert report.get("v0_1.server_info").status == "pass"
     if role == EngineRole.AGGREGATED:
         assert report.passed >= 50 and report.get("v0_1.metadata.repeated_key").status == "pass"
+
+
+async def test_default_sampler_refuses_what_it_ignores():
+    """Under TensorRT-LLM's default sampler the conformance suite sees the penalties and min_p
+    refused (INVALID_ARGUMENT naming the field) and the seed refused (its own probe skips the
+    seeded checks): nothing else differs."""
+    report = await run(args=fake_trtllm.Args())
+    failures = {r.name: r.reason for r in report.failures()}
+    assert set(failures) == {"sampling.explicit_params_accepted"}, failures
+    assert "INVALID_ARGUMENT" in failures["sampling.explicit_params_accepted"]
+    assert "TorchSampler" in failures["sampling.explicit_params_accepted"]
+    assert report.get("sampling.seeded_deterministic").status == "skip"
 
 
 async def test_an_unmodified_v0_1_client_on_trtllm_fake():

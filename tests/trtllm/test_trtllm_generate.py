@@ -62,15 +62,16 @@ async def test_no_sampling_knobs_samples_at_temperature_one_and_n_works(trt):
     assert set(s.finished) == {0, 1}
 
 
-async def test_n_greater_than_one_with_stale_diffs(trt):
-    req = gen_request("hi", sampling=g.SamplingParams(num_sequences=3, temperature=0.8, seed=1),
-                      stopping=g.StoppingOptions(max_tokens=9))
-    responses = await collect(trt.stub, req)
-    s = check_generate_stream(req, responses)
-    for i in range(3):
-        assert s.text[i] == expected(9, i, seed=1)
-        assert s.token_ids[i] == [ord(c) for c in expected(9, i, seed=1)]
-    assert s.usage.completion_tokens == 27
+async def test_n_greater_than_one_with_stale_diffs(serve):
+    async with serve(fake_trtllm.Args(sampler_type="TRTLLMSampler")) as trt:
+        req = gen_request("hi", sampling=g.SamplingParams(num_sequences=3, temperature=0.8, seed=1),
+                          stopping=g.StoppingOptions(max_tokens=9))
+        responses = await collect(trt.stub, req)
+        s = check_generate_stream(req, responses)
+        for i in range(3):
+            assert s.text[i] == expected(9, i, seed=1)
+            assert s.token_ids[i] == [ord(c) for c in expected(9, i, seed=1)]
+        assert s.usage.completion_tokens == 27
 
 
 async def test_stale_diffs_really_happen_in_the_fake(tensorrt_llm):
@@ -186,15 +187,38 @@ async def test_priority_and_bypass_rejected_cache_salt_passed(trt):
     assert (await run(trt, other)).usage.cached_prompt_tokens == 0
 
 
-async def test_sampling_options_reach_engine(trt):
-    req = gen_request("hi", sampling=g.SamplingParams(temperature=0.5, top_p=0.9, top_k=-1, min_p=0.1,
-                                                      frequency_penalty=0.2, presence_penalty=0.3,
-                                                      repetition_penalty=1.1, seed=4),
-                      stopping=g.StoppingOptions(max_tokens=2, min_tokens=1))
-    await run(trt, req)
-    sp = trt.llm.submitted[-1]["sp"]
-    assert (sp.temperature, sp.top_p, sp.top_k, sp.min_p, sp.seed, sp.min_tokens) == (0.5, 0.9, 0, 0.1, 4, 1)
-    assert (sp.frequency_penalty, sp.presence_penalty, sp.repetition_penalty) == (0.2, 0.3, 1.1)
+KNOBS = dict(min_p=0.1, frequency_penalty=0.2, presence_penalty=0.3, repetition_penalty=1.1, seed=4)
+
+
+async def test_sampling_options_reach_engine_under_the_trtllm_sampler(serve):
+    async with serve(fake_trtllm.Args(sampler_type="TRTLLMSampler")) as trt:
+        req = gen_request("hi", sampling=g.SamplingParams(temperature=0.5, top_p=0.9, top_k=-1, **KNOBS),
+                          stopping=g.StoppingOptions(max_tokens=2, min_tokens=1))
+        s = await run(trt, req)
+        sp = trt.llm.submitted[-1]["sp"]
+        assert (sp.temperature, sp.top_p, sp.top_k, sp.min_p, sp.seed, sp.min_tokens) == (0.5, 0.9, 0, 0.1, 4, 1)
+        assert (sp.frequency_penalty, sp.presence_penalty, sp.repetition_penalty) == (0.2, 0.3, 1.1)
+        assert s.text[0] == expected(2, seed=4, shift=1)  # honoured: the seed and the penalty move the text
+
+
+@pytest.mark.parametrize("name", sorted(KNOBS))
+async def test_default_sampler_refuses_the_knobs_it_ignores(trt, name):
+    """TensorRT-LLM 1.2's default TorchSampler accepts these and ignores them (the fake does too:
+    the text would not move); the adapter refuses them before acceptance, naming the field.
+    No-op values (penalty 1.0 / 0, min_p 0) pass."""
+    req = gen_request("hi", sampling=g.SamplingParams(**{name: KNOBS[name]}), stopping=g.StoppingOptions(max_tokens=2))
+    await expect_status(trt.stub.Generate(req), INVALID, f"sampling.{name}", "TRTLLMSampler")
+    if name != "seed":
+        neutral = {"repetition_penalty": 1.0}.get(name, 0.0)
+        await run(trt, gen_request("hi", sampling=g.SamplingParams(**{name: neutral}),
+                                   stopping=g.StoppingOptions(max_tokens=2)))
+
+
+async def test_the_default_sampler_really_ignores_the_knobs(tensorrt_llm):
+    llm = tensorrt_llm.LLM()
+    plain = await llm.generate_async("hi", tensorrt_llm.SamplingParams(max_tokens=4, temperature=1.0))
+    knobs = await llm.generate_async("hi", tensorrt_llm.SamplingParams(max_tokens=4, temperature=1.0, **KNOBS))
+    assert plain.outputs[0].token_ids == knobs.outputs[0].token_ids
 
 
 STRUCTURAL_TAG = json.dumps({"type": "structural_tag", "triggers": ["<n>"],
@@ -324,3 +348,13 @@ async def test_aggregated_probe_runs_one_token(trt):
 async def test_kv_session_on_aggregated_rejected(trt):
     req = gen_request("hi", kv=g.KvOptions(session=kv_pb2.KvSessionRef(session_id="s")))
     await expect_status(trt.stub.Generate(req), grpc.StatusCode.FAILED_PRECONDITION)
+
+
+async def test_llguidance_offers_no_structural_tag(serve):
+    """llguidance has no structural-tag matcher: not advertised, refused before acceptance."""
+    async with serve(fake_trtllm.Args(guided_decoding_backend="llguidance")) as h:
+        info = await h.stub.GetModelInfo(model_pb2.GetModelInfoRequest(model="fake-model"))
+        assert model_pb2.GUIDED_DECODING_MODE_STRUCTURAL_TAG not in info.generation.guided_decoding.modes
+        assert model_pb2.GUIDED_DECODING_MODE_REGEX in info.generation.guided_decoding.modes
+        req = gen_request("hi", guided=g.GuidedDecoding(structural_tag=STRUCTURAL_TAG))
+        await expect_status(h.stub.Generate(req), INVALID, "STRUCTURAL_TAG")

@@ -34,6 +34,7 @@ Tokenizer: one character = one token (``ord``), BOS 1, EOS 2.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import math
@@ -72,8 +73,11 @@ def _model_dir() -> str:
 
 
 class Tokenizer:
-    bos_token_id = BOS
+    """llmapi/tokenizer.py TransformersTokenizer: eos_token_id and pad_token_id, no bos_token_id;
+    ``encode`` adds the model's special tokens (BOS here) unless told not to."""
+
     eos_token_id = EOS
+    pad_token_id = EOS
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return ([BOS] if add_special_tokens else []) + [ord(c) for c in text]
@@ -200,6 +204,7 @@ class Args:
     # llmapi/llm_args.py TorchLlmArgs: the overlap scheduler is on unless disabled; with it on, the
     # worker refuses context-only requests (see LLM._enqueue_checks)
     disable_overlap_scheduler: bool = False
+    sampler_type: str = "auto"  # llmapi/llm_args.py TorchLlmArgs: auto = TorchSampler (no beam search)
 
 
 @dataclass(slots=True)
@@ -294,12 +299,13 @@ class RequestOutput:
         self.aborted = False
 
     def abort(self) -> None:
+        """Ends a running request. A finished one is already gone from the worker (executor/base_worker.py
+        abort_request: "Request of client_id ... is finished, cannot abort it." and returns): aborting
+        a finished context-only request frees nothing; its KV blocks wait for the transfer."""
         self.aborted = True
         self._llm.abort_calls.append(self.request_id)
         if self._task is not None and not self._task.done():
             self._task.cancel()
-        elif self.finished:
-            self._llm.context_sessions.pop(self.request_id, None)
 
     def __aiter__(self):
         return self
@@ -347,10 +353,13 @@ class RequestOutput:
 
 class LLM:
     def __init__(self, args: Args | None = None, **kwargs):
-        self.args = args or Args()
+        if args is None:  # built like the real LLM(model=..., max_seq_len=..., ...): the keywords Args knows
+            known = {f.name for f in dataclasses.fields(Args)}
+            args = Args(**{k: v for k, v in kwargs.items() if k in known})
+        self.args = args
         self.init_kwargs = kwargs
+        self.step_s = float(os.environ.get("FAKE_TRTLLM_STEP_S", "0"))  # engine step time (tests set it)
         self.tokenizer = Tokenizer()
-        self.step_s = 0.0
         self.eos_after: int | None = None
         self.ids = itertools.count(100)
         self.live: dict[int, RequestOutput] = {}
@@ -516,12 +525,28 @@ class LLM:
                     raise RuntimeError(f"no context for ctx_request_id {disagg.ctx_request_id}")
                 del self.context_sessions[disagg.ctx_request_id]
                 first = list(disagg.first_gen_tokens)
+            if sp.guided_decoding is not None and sp.guided_decoding.structural_tag \
+                    and self.args.guided_decoding_backend == "llguidance":
+                # the llguidance grammar backend has no structural-tag matcher
+                # (tensorrt_llm/grpc/openengine/capabilities.py GUIDE_SUPPORT_BY_BACKEND)
+                raise RuntimeError("structural tags are not supported by the llguidance backend")
             guided = constrained_text(sp.guided_decoding)
             out.cached_tokens = self._prefix_cache(out.prompt_token_ids, salt, lora.lora_int_id if lora else 0)
             n = sp.n
             made = [0] * n
             produced = [list(first) for _ in range(n)]
-            seed = sp.seed or 0
+            # The 1.2 PyTorch backend samples with TorchSampler unless sampler_type is TRTLLMSampler
+            # (llmapi/llm_args.py TorchLlmArgs.sampler_type: "auto ... will use TorchSampler unless
+            # BeamSearch is requested"). TorchSampler (_torch/pyexecutor/sampler.py) applies no
+            # repetition/presence/frequency penalty, no min_p and no per-request seed: they are
+            # accepted and ignored (penalties came to it only with _OccurrencePenaltyHandler, 2026).
+            # The C++ decoder behind TRTLLMSampler honours them; here a seed moves the text and a
+            # penalty shifts it by one.
+            honours = str(getattr(self.args.sampler_type, "value", self.args.sampler_type)) == "TRTLLMSampler"
+            seed = (sp.seed or 0) if honours else 0
+            if honours and any(v not in (None, 0, 0.0, 1.0) for v in (
+                    sp.repetition_penalty, sp.presence_penalty, sp.frequency_penalty)):
+                shift += 1
             step = 0
             pending = [list(first) for _ in range(n)]  # generation_only: the context's first token(s)
             if first:
