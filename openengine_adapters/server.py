@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 
 from openengine_adapters.backend import EngineBackend
 from openengine_adapters.core.service import EngineService, ServiceOptions
+from openengine_adapters.metrics import ServerMetrics, metrics_available, serve_metrics
 from openengine_adapters.schema import SURFACES
 from openengine_adapters.security.config import (
     SecurityConfig,
@@ -64,6 +65,8 @@ class ServerConfig(BaseModel):
     max_message_mb: int = Field(64, gt=0)
     surfaces: tuple[str, ...] = SURFACES
     coalesce_max_delay_ms: float = Field(20.0, ge=0)
+    metrics: bool = False  # our Prometheus metrics in the default registry (the engine's /metrics in plugin mode)
+    metrics_port: int | None = Field(None, ge=0, le=65535)  # a sidecar serves that registry here
     security: SecurityConfig = SecurityConfig()  # TLS, keys, operator policy, reflection, LoRA root
 
 
@@ -105,6 +108,8 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                        help="adaptive coalescing: when the server falls behind, token deltas of a stream may "
                             "wait this long to share one message (first tokens and finishes never wait); "
                             "0 turns it off")
+    group.add_argument("--metrics-port", type=int, default=None,
+                       help="serve Prometheus metrics (the engine's and ours) on this HTTP port")
     group.add_argument("--surfaces", default="both",
                        help="contract surfaces to serve on the port: revision-1 (openengine.v1.OpenEngine), "
                             "v0.1.0 (openengine.v1.Inference + Control), or both (default)")
@@ -120,7 +125,7 @@ def plugin_server_config(port_env: str, host_env: str, max_in_flight_env: str, *
     max_in_flight = os.environ.get(max_in_flight_env)
     return ServerConfig(host=os.environ.get(host_env, "0.0.0.0"), port=int(os.environ[port_env]),
                         max_in_flight=int(max_in_flight) if max_in_flight else None,
-                        surfaces=parse_surfaces(os.environ.get(SURFACES_ENV)),
+                        surfaces=parse_surfaces(os.environ.get(SURFACES_ENV)), metrics=metrics_available(),
                         security=security_from_env(engine_api_keys, engine_admin_api_keys, engine_lora_root))
 
 
@@ -130,7 +135,7 @@ def server_config_from_args(ns: argparse.Namespace) -> ServerConfig:
         max_in_flight=ns.max_in_flight, retry_after_ms=ns.retry_after_ms,
         drain_grace_s=ns.drain_grace_s, health_interval_s=ns.health_interval_s,
         surfaces=parse_surfaces(ns.surfaces), coalesce_max_delay_ms=ns.coalesce_max_delay_ms,
-        security=security_from_args(ns),
+        security=security_from_args(ns), metrics=ns.metrics_port is not None, metrics_port=ns.metrics_port,
     )
 
 
@@ -151,7 +156,9 @@ class OpenEngineServer:
         ))
         limit = config.max_message_mb * 1024 * 1024
         self.security = ServerSecurity(config.security)
-        self.grpc_server = grpc.aio.server(interceptors=[self.security.interceptor], options=[
+        self.metrics = ServerMetrics(self.service) if config.metrics else None
+        interceptors = ([self.metrics.interceptor] if self.metrics else []) + [self.security.interceptor]
+        self.grpc_server = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.max_send_message_length", limit),
             ("grpc.max_receive_message_length", limit),
         ])
@@ -189,6 +196,9 @@ class OpenEngineServer:
                  self.config.host, self.port)
         for line in self.security.describe():
             log.info("security: %s", line)
+        if self.config.metrics_port is not None:
+            port = serve_metrics(self.config.metrics_port, self.config.host)
+            log.info("Prometheus metrics on http://%s:%d/metrics", self.config.host, port)
         return self
 
     async def stop(self, grace_s: float | None = None) -> None:

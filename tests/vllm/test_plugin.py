@@ -73,6 +73,11 @@ async def test_vllm_serve_with_plugin_serves_both_protocols(model_dir):
             assert load.total_kv_blocks > 0 and load.running_requests == 0
             # v0.1.0 (Inference + Control) on the same port, checked by an unmodified v0.1.0 client
             await run_v0_1_client(f"127.0.0.1:{grpc_port}", "--model", "tiny", "--expect-engine", "vllm")
+            # our metrics join vLLM's own /metrics
+            metrics = await asyncio.to_thread(lambda: urllib.request.urlopen(
+                f"http://127.0.0.1:{http_port}/metrics", timeout=10).read().decode())
+            assert "vllm:" in metrics
+            assert 'openengine_requests_total{code="OK",method="/openengine.v1.OpenEngine/Generate"}' in metrics
             # SIGTERM to vllm serve with --shutdown-timeout: vLLM drains its engine before it stops,
             # so a gRPC stream in flight runs to its finish, then the gRPC server stops with the app
             long = g.GenerateRequest(prompt="The cat", stopping=g.StoppingOptions(max_tokens=200, ignore_eos=True))
