@@ -17,6 +17,19 @@ from openengine_adapters.types import ErrorCode
 
 ERROR_TRAILER = "openengine-error-bin"
 RETRY_AFTER_TRAILER = "retry-after-ms"
+# A refusal's message travels twice in the trailers (grpc-message, percent-encoded: up to 3 bytes a
+# byte; and inside the base64 EngineError), and gRPC clients refuse trailers over ~8 KiB. So every
+# message (which may echo a request id, a path, a prompt fragment) is cut to this many UTF-8 bytes.
+MAX_MESSAGE_BYTES = 1024
+
+
+def bounded(message: str, limit: int = MAX_MESSAGE_BYTES) -> str:
+    """``message`` cut to ``limit`` UTF-8 bytes (on a character boundary), saying how much was cut."""
+    data = message.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return message
+    marker = f"... [{len(data) - limit + 40} more bytes]"
+    return data[:limit - 40].decode("utf-8", "ignore") + marker
 
 # The gRPC status that a post-acceptance code maps to where a status is needed (unary RPCs).
 STATUS_FOR_CODE: dict[ErrorCode, grpc.StatusCode] = {
@@ -48,6 +61,7 @@ class RequestRejected(Exception):
         retry_after_ms: int | None = None,
         details: dict[str, Any] | None = None,
     ) -> None:
+        message = bounded(message)
         super().__init__(message)
         self.status = status
         self.message = message
@@ -96,6 +110,7 @@ class EngineFailure(Exception):
         retry_after_ms: int | None = None,
         details: dict[str, Any] | None = None,
     ) -> None:
+        message = bounded(message)
         super().__init__(message)
         if retry_after_ms is not None and not retryable:
             raise ValueError("retry_after_ms is only valid for retryable errors")

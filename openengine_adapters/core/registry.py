@@ -45,11 +45,21 @@ class LiveRequest:
         return True
 
 
+# What one remembered finished id costs beyond its own bytes (str object, dict slot, list node), roughly.
+ENTRY_OVERHEAD_BYTES = 96
+FINISHED_ID_BYTES = 8 * 1024 * 1024
+
+
 class RequestRegistry:
-    def __init__(self, finished_capacity: int = 65536, session_capacity: int = 65536) -> None:
+    def __init__(self, finished_capacity: int = 65536, session_capacity: int = 65536,
+                 finished_bytes: int = FINISHED_ID_BYTES) -> None:
+        """The finished-id memory keeps the newest ids within both ``finished_capacity`` ids and
+        ``finished_bytes`` (id bytes plus ENTRY_OVERHEAD_BYTES each): long ids cannot grow it."""
         self._live: dict[str, LiveRequest] = {}
-        self._finished: OrderedDict[str, None] = OrderedDict()
+        self._finished: OrderedDict[str, int] = OrderedDict()
         self._finished_capacity = finished_capacity
+        self._finished_budget = finished_bytes
+        self.finished_bytes = 0
         self._sessions: OrderedDict[str, KvSession] = OrderedDict()
         self._session_capacity = session_capacity
 
@@ -85,10 +95,13 @@ class RequestRegistry:
         """The engine confirmed the request ended: move its id to the finished memory."""
         if self._live.get(entry.request_id) is entry:
             del self._live[entry.request_id]
-            self._finished[entry.request_id] = None
-            self._finished.move_to_end(entry.request_id)
-            while len(self._finished) > self._finished_capacity:
-                self._finished.popitem(last=False)
+            rid = entry.request_id
+            self.finished_bytes -= self._finished.pop(rid, 0)
+            cost = len(rid.encode("utf-8", "replace")) + ENTRY_OVERHEAD_BYTES
+            self._finished[rid] = cost
+            self.finished_bytes += cost
+            while len(self._finished) > self._finished_capacity or self.finished_bytes > self._finished_budget:
+                self.finished_bytes -= self._finished.popitem(last=False)[1]
         entry.ended.set()
 
     def by_session(self, session_id: str) -> list[LiveRequest]:

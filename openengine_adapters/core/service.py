@@ -56,6 +56,7 @@ from openengine_adapters.v1 import (
 )
 from openengine_adapters.validation.extra import parse_extra
 from openengine_adapters.validation.generate import EngineContext, parse_generate
+from openengine_adapters.validation.ids import check_request_id
 from openengine_adapters.validation.kv import WILDCARD_HOSTS, parse_kv_session
 from openengine_adapters.validation.tasks import parse_classify, parse_embed, parse_score
 
@@ -275,6 +276,7 @@ class EngineService:
     async def _accept_generate(self, request, extra, trace_headers):
         self._require(Feature.GENERATE, "Generate")
         self.lifecycle.check_accepting()
+        check_request_id(request.request_id, "request_id")
         request_id = request.request_id or f"oe-{uuid.uuid4().hex}"
         card = self.catalog.resolve(request.model)
         params: GenerateParams = parse_generate(request, request_id, card, self._engine)

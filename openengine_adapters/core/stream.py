@@ -53,7 +53,7 @@ def _fill_token_info(info: generation_pb2.TokenInfo, token_id: int, token: str,
 class GenerateStream:
     """Assembles one request's responses. Not thread-safe; one per Generate call."""
 
-    __slots__ = ("request_id", "num_outputs", "prefill", "want_prompt", "bare_first_prompt_token",
+    __slots__ = ("request_id", "num_outputs", "prefill", "want_prompt", "prompt_start", "bare_first_prompt_token",
                  "_finished", "_remaining", "_completion", "_prompt_tokens", "_cached",
                  "_reasoning", "_prompt_sent", "done")
 
@@ -62,6 +62,7 @@ class GenerateStream:
         self.num_outputs = params.sampling.num_sequences
         self.prefill = prefill
         self.want_prompt = params.logprobs.prompt
+        self.prompt_start = params.logprobs.prompt_start
         self.bare_first_prompt_token = not params.logprobs.prompt_start
         self._finished = [False] * self.num_outputs
         self._remaining = self.num_outputs
@@ -98,6 +99,10 @@ class GenerateStream:
             self._reasoning = chunk.reasoning_tokens
         out: list[GenerateResponse] = []
         if chunk.prompt is not None and self.want_prompt and not self._prompt_sent:
+            if not chunk.prompt:  # a text prompt no longer than prompt_logprob_start: no PromptOutput to send
+                raise EngineFailure(ErrorCode.INVALID_ARGUMENT, (
+                    f"response.prompt_logprob_start: {self.prompt_start} is not a prompt position (prompt has "
+                    f"{self._prompt_tokens} tokens)") if self.prompt_start else "the engine reported an empty prompt")
             out.append(self._prompt_output(chunk.prompt))
         if self.prefill:
             if chunk.prefill_ready is not None:

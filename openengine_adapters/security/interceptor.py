@@ -20,6 +20,7 @@ from openengine_adapters.security.policy import (
     unauthenticated,
 )
 from openengine_adapters.security.tokens import Caller, TokenSet
+from openengine_adapters.wire.decode import Undecodable
 from openengine_adapters.wire.refusal import refuse, refusing_handler
 
 
@@ -41,8 +42,9 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
         if method in OPERATOR_METHODS:
             return self._guard(handler, method, caller, lambda request: True)
         if method in ABORT_METHODS:
-            return self._guard(handler, method, caller,
-                               lambda request: request.WhichOneof("target") == "all_requests")
+            # an undecodable request is left to the handler, which refuses it (wire.decode)
+            return self._guard(handler, method, caller, lambda request: type(request) is not Undecodable
+                               and request.WhichOneof("target") == "all_requests")
         return handler
 
     def _guard(self, handler: grpc.RpcMethodHandler, method: str, caller: Caller, is_operator_call):

@@ -137,6 +137,10 @@ def _parse_input(req, card: ModelCard) -> tuple[str | None, tuple[int, ...] | No
         raise unsupported("token_ids: this model does not accept token-id input; send prompt")
     ids = tuple(req.token_ids.ids)
     check_token_ids(ids, "token_ids.ids")
+    # a text prompt's length is known only once the engine tokenizes it: the engine refuses it then
+    if card.max_context_length and len(ids) > card.max_context_length:
+        raise invalid(f"token_ids.ids: the prompt has {len(ids)} tokens, more than the model's "
+                      f"max_context_length {card.max_context_length}")
     return None, ids
 
 

@@ -36,6 +36,7 @@ from openengine_adapters.types import (
 )
 from openengine_adapters.v1 import classification_pb2, embedding_pb2, scoring_pb2, tasks_pb2
 from openengine_adapters.validation.generate import parse_media_item
+from openengine_adapters.validation.ids import check_request_id
 from openengine_adapters.validation.inputs import check_media, check_token_ids, check_unique
 
 _INPUT_TYPES = {
@@ -60,6 +61,7 @@ def _context(ctx: tasks_pb2.TaskRequestContext, catalog: ModelCatalog, task: str
              loaded_loras: Collection[str]):
     if not ctx.request_id:
         raise invalid("context.request_id: required and must be non-empty")
+    check_request_id(ctx.request_id, "context.request_id")
     card = catalog.resolve(ctx.model, field="context.model", required=True)
     cap = _capability(card, task)
     priority = None

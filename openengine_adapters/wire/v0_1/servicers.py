@@ -7,14 +7,14 @@ client with v0.1.0's EngineError in the ``openengine-error-bin`` trailer.
 
 The handlers are registered by hand (``register``) rather than through the generated
 ``add_*Servicer_to_server``: wire-identical messages cross as their revision-1 twins
-(``translate.PASSTHROUGH``), and responses are serialized by whatever message they are.
+(``translate.PASSTHROUGH``), responses are serialized by whatever message they are, and bytes that
+do not decode are refused INVALID_ARGUMENT with the trailer (``wire.decode``).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.metadata
-from operator import methodcaller
 
 import grpc
 
@@ -31,11 +31,11 @@ from openengine_adapters.v0_1 import (
     server_pb2,
 )
 from openengine_adapters.validation.extra import describe
+from openengine_adapters.wire.decode import method_handler
 from openengine_adapters.wire.v0_1 import metadata, translate
 
 INFERENCE = openengine_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
 CONTROL = openengine_pb2.DESCRIPTOR.services_by_name["Control"].full_name
-_serialize = methodcaller("SerializeToString")
 
 
 class _Call:
@@ -177,8 +177,8 @@ class ControlServicer:
             yield translate.kv_events_error(response.error) if response.HasField("error") else response
 
 
-def _handler(kind, method, request_type):
-    return kind(method, request_deserializer=request_type.FromString, response_serializer=_serialize)
+def _handler(service: str, name: str, method, request_type, response_streaming: bool = False):
+    return method_handler(f"/{service}/{name}", method, request_type, response_streaming)
 
 
 def _twin(v0_1_type):
@@ -188,20 +188,23 @@ def _twin(v0_1_type):
 def register(core: EngineService, server: grpc.aio.Server, served_services: tuple[str, ...]) -> tuple[str, ...]:
     """Serve ``openengine.v1.Inference`` and ``openengine.v1.Control`` from ``core``."""
     inference, control = InferenceServicer(core), ControlServicer(core, served_services)
-    unary, stream = grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler
     handlers = {
-        INFERENCE: {"Generate": _handler(stream, inference.Generate, generation_pb2.GenerateRequest)},
+        INFERENCE: {"Generate": _handler(INFERENCE, "Generate", inference.Generate, generation_pb2.GenerateRequest,
+                                         response_streaming=True)},
         CONTROL: {
-            "GetServerInfo": _handler(unary, control.GetServerInfo, server_pb2.GetServerInfoRequest),
-            "GetModelInfo": _handler(unary, control.GetModelInfo, _twin(model_pb2.GetModelInfoRequest)),
-            "GetLoad": _handler(unary, control.GetLoad, _twin(server_pb2.GetLoadRequest)),
-            "Health": _handler(unary, control.Health, _twin(lifecycle_pb2.HealthRequest)),
-            "Abort": _handler(unary, control.Abort, _twin(lifecycle_pb2.AbortRequest)),
-            "LoadLora": _handler(unary, control.LoadLora, _twin(lora_pb2.LoadLoraRequest)),
-            "UnloadLora": _handler(unary, control.UnloadLora, _twin(lora_pb2.UnloadLoraRequest)),
-            "ListLoras": _handler(unary, control.ListLoras, _twin(lora_pb2.ListLorasRequest)),
-            "GetKvEventSources": _handler(unary, control.GetKvEventSources, _twin(kv_pb2.GetKvEventSourcesRequest)),
-            "SubscribeKvEvents": _handler(stream, control.SubscribeKvEvents, _twin(kv_pb2.SubscribeKvEventsRequest)),
+            name: _handler(CONTROL, name, getattr(control, name), request_type, name == "SubscribeKvEvents")
+            for name, request_type in (
+                ("GetServerInfo", server_pb2.GetServerInfoRequest),
+                ("GetModelInfo", _twin(model_pb2.GetModelInfoRequest)),
+                ("GetLoad", _twin(server_pb2.GetLoadRequest)),
+                ("Health", _twin(lifecycle_pb2.HealthRequest)),
+                ("Abort", _twin(lifecycle_pb2.AbortRequest)),
+                ("LoadLora", _twin(lora_pb2.LoadLoraRequest)),
+                ("UnloadLora", _twin(lora_pb2.UnloadLoraRequest)),
+                ("ListLoras", _twin(lora_pb2.ListLorasRequest)),
+                ("GetKvEventSources", _twin(kv_pb2.GetKvEventSourcesRequest)),
+                ("SubscribeKvEvents", _twin(kv_pb2.SubscribeKvEventsRequest)),
+            )
         },
     }
     for service, methods in handlers.items():
