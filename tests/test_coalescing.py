@@ -163,3 +163,16 @@ async def test_idle_server_is_unchanged(oe):
     assert oe.service.coalescer is not None and oe.service.coalescer.window() == 0.0
     out = await collect(oe.stub, gen_request("hi", stopping={"max_tokens": 5}))
     assert [r.WhichOneof("event") for r in out] == ["token"] * 5 + ["finished"]
+
+
+def test_window_needs_a_late_loop_and_enough_streams():
+    lag = LoopLag(threshold_s=0.002)
+    streams = [8]
+    policy = Coalescer(lag, max_delay_s=0.02, streams=lambda: streams[0])
+    assert policy.window() == 0.0  # the loop keeps up
+    lag.lag_s = 0.005
+    assert policy.window() == pytest.approx(0.01)  # twice the lag
+    lag.lag_s = 0.5
+    assert policy.window() == 0.02  # never past the bound
+    streams[0] = 3
+    assert policy.window() == 0.0  # three streams cannot be what holds the loop back

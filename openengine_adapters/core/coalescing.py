@@ -8,7 +8,8 @@ window and sends what gathered as one message per output:
 
 - the window is the measured lag (a loop that is late by L is already delaying every message by
   about L), doubled, and never more than ``max_delay_s``: the bound on the extra delay any token
-  sees;
+  sees; with fewer than four streams in flight nothing is held, since so few cannot be what
+  slows the loop;
 - a finish, an error, a prefill handoff, the prompt event and the first token of each output are
   never held: they flush what is pending and go out at once;
 - while a stream holds, the engine keeps producing: vLLM's output collector merges deltas that
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from openengine_adapters.v1 import generation_pb2
 
@@ -66,16 +67,24 @@ class LoopLag:
 
 
 class Coalescer:
-    """The policy one server applies to every Generate stream."""
+    """The policy one server applies to every Generate stream.
 
-    def __init__(self, lag: LoopLag, max_delay_s: float = 0.02) -> None:
+    ``streams`` counts the requests in flight: with fewer than ``min_streams`` the message rate
+    cannot be what holds the server back (a late loop then means CPU taken by others, e.g. the
+    engine's busy-polling processes), so nothing is held.
+    """
+
+    def __init__(self, lag: LoopLag, max_delay_s: float = 0.02, streams: Callable[[], int] | None = None,
+                 min_streams: int = 4) -> None:
         self.lag = lag
         self.max_delay_s = max_delay_s
-        self.messages_saved = 0  # token messages merged away (GetLoad/metrics can show it)
+        self.streams = streams
+        self.min_streams = min_streams
+        self.messages_saved = 0  # token messages merged away (the metrics show it)
 
     def window(self) -> float:
         """How long a stream may hold token deltas now; 0 when the loop keeps up."""
-        if not self.lag.behind:
+        if not self.lag.behind or (self.streams is not None and self.streams() < self.min_streams):
             return 0.0
         return min(self.max_delay_s, 2 * self.lag.lag_s)
 

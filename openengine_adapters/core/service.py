@@ -75,6 +75,7 @@ class ServiceOptions:
     probe_timeout_s: float = 30.0
     coalesce_max_delay_ms: float = 20.0  # 0 turns adaptive coalescing off
     lora_root: str | None = None  # LoadLora takes only directories under it (None: any, loopback callers only)
+    max_subscriptions: int | None = 64  # open KV + runtime event subscriptions; None = unlimited
 
 
 def _unimplemented(what: str) -> RequestRejected:
@@ -150,11 +151,12 @@ class EngineService:
         self.health = HealthReporter(backend, self.lifecycle, self.identity.role,
                                      probe_timeout_s=options.probe_timeout_s)
         # adaptive coalescing of token messages under load (core.coalescing); None = off
-        self.coalescer = (Coalescer(LoopLag(), options.coalesce_max_delay_ms / 1000)
+        self.coalescer = (Coalescer(LoopLag(), options.coalesce_max_delay_ms / 1000, streams=lambda: len(self.registry))
                           if options.coalesce_max_delay_ms > 0 else None)
         self._loras: dict[str, LoraAdapterInfo] = {}
         self._lora_lock = asyncio.Lock()
         self._cleanups: set[asyncio.Task] = set()
+        self.subscriptions = 0  # open KV and runtime event streams (each costs every engine step)
         conn = backend.kv_connector()
         self._engine = EngineContext(
             role=self.identity.role,
@@ -575,6 +577,13 @@ class EngineService:
                             response_type) -> AsyncIterator:
         try:
             self._require(feature, what)
+            self.lifecycle.check_accepting()
+            limit = self.options.max_subscriptions
+            if limit is not None and self.subscriptions >= limit:
+                raise RequestRejected(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"subscriptions: {self.subscriptions} open event subscriptions reach the limit of {limit}; "
+                    "retry later", ErrorCode.OVERLOADED, retry_after_ms=self.options.retry_after_ms)
             events = open_stream()
         except RequestRejected as r:
             await reject(context, r)
@@ -588,6 +597,7 @@ class EngineService:
             await reject(context, RequestRejected(grpc.StatusCode.INTERNAL, f"{what} could not start: {exc}",
                                                   ErrorCode.INTERNAL))
             return
+        self.subscriptions += 1
         try:
             async for item in events:
                 yield wrap(item)
@@ -600,6 +610,7 @@ class EngineService:
             yield response_type(error=engine_error(
                 EngineFailure(ErrorCode.INTERNAL, f"{what} stream failed: {exc}")))
         finally:
+            self.subscriptions -= 1
             aclose = getattr(events, "aclose", None)
             if aclose is not None:
                 await aclose()
