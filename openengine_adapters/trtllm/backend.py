@@ -308,6 +308,15 @@ class TrtllmBackend(be.EngineBackend):
             return len(params.token_ids)
         return len(self.tokenizer.encode(params.prompt))
 
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _stop_ids(self, params: be.GenerateParams) -> dict[str, list[int]]:
+        """Stop strings as TensorRT-LLM matches them: their token ids (SamplingParams._setup)."""
+        if self.tokenizer is None or not params.stopping.stop_texts:
+            return {}
+        return {s: list(self.tokenizer.encode(s, add_special_tokens=False)) for s in params.stopping.stop_texts}
+
     def _stop_holdback(self, params: be.GenerateParams) -> int:
         st = params.stopping
         if not st.stop_texts or st.include_stop_in_output or self.tokenizer is None:
@@ -344,6 +353,8 @@ class TrtllmBackend(be.EngineBackend):
             kw["max_tokens"] = 1
         if params.guided is not None:
             kw["guided_decoding"] = GuidedDecodingParams(**guide_kwargs(params.guided, choice_as_regex=True))
+        if self.tokenizer is not None:
+            kw["detokenize"] = False  # decoded here, per output (see translate.OutputTranslator)
         try:
             return SamplingParams(**kw)
         except (ValueError, TypeError) as exc:
@@ -387,7 +398,9 @@ class TrtllmBackend(be.EngineBackend):
         self._live[params.request_id] = handle
         if params.lora_name:
             self._lora_in_use[params.lora_name] += 1
-        translator = translate.OutputTranslator(params, self.eos_token_id, self._stop_holdback(params))
+        translator = translate.OutputTranslator(params, self.eos_token_id, self._stop_holdback(params),
+                                                decode=self._decode if self.tokenizer is not None else None,
+                                                stop_ids=self._stop_ids(params))
         translator.max_tokens = (sp.max_tokens if sp.max_tokens is not None
                                  else self.max_context - prompt_len if self.max_context else None)
         return self._stream(params, handle, translator)

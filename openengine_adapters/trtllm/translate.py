@@ -252,36 +252,49 @@ def finish(reason: str | None, stop_reason: int | str | None, token_ids: Sequenc
 
 
 class _Index:
-    __slots__ = ("ids", "text", "done")
+    __slots__ = ("ids", "text", "done", "decoded", "prefix", "read")
 
     def __init__(self) -> None:
         self.ids = 0      # tokens (and logprob positions) already emitted
         self.text = 0     # characters already emitted
         self.done = False
+        self.decoded = ""  # the text of token_ids[:read], decoded here
+        self.prefix = 0    # incremental decoding window: token_ids[prefix:read] was the last chunk
+        self.read = 0
 
 
 class OutputTranslator:
     """Turns one request's cumulative RequestOutputs into delta GenerationChunks.
 
+    Text is decoded here from each output's token ids, incrementally (the engine runs with
+    ``detokenize=False``): TensorRT-LLM's own detokenizer re-appends a stale diff to every output a
+    response did not update when n > 1, and keeps text it appended for stop-word tokens it then
+    truncates (``executor/result.py`` ``DetokenizedGenerationResultBase._handle_response``).
+
     Stop strings: TensorRT-LLM streams the tokens of a multi-token stop string before the match
     completes, then truncates the final output. Unless ``include_stop_in_output``, text that may
     be the start of a stop string and the last ``stop_token_holdback`` tokens are held back until
-    the match is ruled out, so nothing is emitted and later retracted.
+    the match is ruled out, so nothing is emitted and later retracted. With n > 1 TensorRT-LLM sets
+    a finish reason (and truncates the stop word) only on the sequence of the request's final
+    response; the others' are inferred here from their tokens, stop words included.
     """
 
     __slots__ = ("params", "eos_token_id", "stop_token_holdback", "max_tokens", "_first", "_idx", "_stops",
-                 "_sel")
+                 "_sel", "_decode", "_stop_ids")
 
-    def __init__(self, params: be.GenerateParams, eos_token_id: int | None, stop_token_holdback: int = 0) -> None:
+    def __init__(self, params: be.GenerateParams, eos_token_id: int | None, stop_token_holdback: int = 0,
+                 decode=None, stop_ids: Mapping[str, Sequence[int]] | None = None) -> None:
         self.params = params
         self.eos_token_id = eos_token_id
         st = params.stopping
         self._stops = st.stop_texts if st.stop_texts and not st.include_stop_in_output else ()
         self.stop_token_holdback = stop_token_holdback if self._stops else 0
-        self.max_tokens: int | None = None  # the explicit max_tokens sent, for the fallback below
+        self.max_tokens: int | None = None  # the max_tokens in force, for the fallback below
         self._first = True
         self._idx = [_Index() for _ in range(params.sampling.num_sequences)]
         self._sel = params.logprobs.output_candidates
+        self._decode = decode  # token ids -> text; None: take the engine's text
+        self._stop_ids = {k: list(v) for k, v in (stop_ids or {}).items() if v}
 
     def chunk(self, out) -> be.GenerationChunk:
         chunk = be.GenerationChunk()
@@ -301,17 +314,47 @@ class OutputTranslator:
                 chunk.outputs.append(delta)
         return chunk
 
-    def _inferred_finish(self, ids: Sequence[int]) -> tuple[FinishReason, be.StopMatch | None, str]:
+    def _inferred_finish(self, ids: Sequence[int]) -> tuple[FinishReason, be.StopMatch | None, str, Sequence[int]]:
         """The request is final but this sequence carries no finish reason (TensorRT-LLM sets
-        reasons only on the response that completes the request): infer it from its tokens."""
+        reasons only on the response that completes the request): infer it from its tokens, as
+        ``executor/result.py`` ``_handle_sequence`` would have (stop words matched on the token
+        suffix and truncated unless included). Returns the sequence's token ids as they stand."""
+        hit = self._stop_word(ids)
+        if hit is not None:
+            return hit
         if self.max_tokens is not None and len(ids) >= self.max_tokens:
-            return FinishReason.LENGTH, None, ""
+            return FinishReason.LENGTH, None, "", ids
         last = ids[-1] if ids else None
         if last is not None and last in self.params.stopping.stop_token_ids:
-            return FinishReason.STOP, be.StopMatch(stop_token_id=last), ""
+            return FinishReason.STOP, be.StopMatch(stop_token_id=last), "", ids
         if self.eos_token_id is not None:
-            return FinishReason.STOP, be.StopMatch(eos_token_id=self.eos_token_id), "finish reason inferred"
+            return FinishReason.STOP, be.StopMatch(eos_token_id=self.eos_token_id), "finish reason inferred", ids
         raise EngineFailure(ErrorCode.INTERNAL, f"engine ended sequence {len(self._idx)} without a finish reason")
+
+    def _stop_word(self, ids: Sequence[int]):
+        """A sequence whose tokens end with a stop word has stopped (TensorRT-LLM matches stop
+        strings as token ids), whether or not the engine said so on this response."""
+        if len(ids) < (self.params.stopping.min_tokens or 0):
+            return None
+        for text, sids in self._stop_ids.items():
+            if len(ids) >= len(sids) and list(ids[len(ids) - len(sids):]) == sids:
+                kept = ids if self.params.stopping.include_stop_in_output else ids[:len(ids) - len(sids)]
+                return FinishReason.STOP, be.StopMatch(stop_text=text), "", kept
+        return None
+
+    def _text(self, st: _Index, ids: Sequence[int], comp, finished: bool) -> str:
+        """The text of ``ids`` (decoded incrementally; once in full if the engine truncated them)."""
+        if self._decode is None:
+            return comp.text or ""
+        if len(ids) < st.read:  # stop words truncated at the finish
+            st.decoded, st.prefix, st.read = self._decode(list(ids)), len(ids), len(ids)
+        elif len(ids) > st.read:
+            before = self._decode(list(ids[st.prefix:st.read]))
+            after = self._decode(list(ids[st.prefix:]))
+            if finished or not after.endswith("\ufffd"):  # an incomplete character waits for its bytes
+                st.decoded += after[len(before):]
+                st.prefix, st.read = st.read, len(ids)
+        return st.decoded
 
     def _delta(self, comp, final: bool = False) -> be.OutputDelta | None:
         index = comp.index
@@ -324,9 +367,13 @@ class OutputTranslator:
         reason, stop, message = finish(comp.finish_reason, comp.stop_reason, ids, self.eos_token_id)
         if reason is None and comp.finish_reason not in (None, "not_finished"):
             raise EngineFailure(ErrorCode.INTERNAL, message)
+        if reason is None and self._stop_ids:
+            hit = self._stop_word(ids)
+            if hit is not None:
+                reason, stop, message, ids = hit
         if reason is None and final:
-            reason, stop, message = self._inferred_finish(ids)
-        text = comp.text or ""
+            reason, stop, message, ids = self._inferred_finish(ids)
+        text = self._text(st, ids, comp, reason is not None)
         if reason is None and self._stops:
             id_end = max(st.ids, len(ids) - self.stop_token_holdback)
             text_end = max(st.text, len(text) - stop_prefix_len(text, self._stops))

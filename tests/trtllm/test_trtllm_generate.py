@@ -358,3 +358,29 @@ async def test_llguidance_offers_no_structural_tag(serve):
         assert model_pb2.GUIDED_DECODING_MODE_REGEX in info.generation.guided_decoding.modes
         req = gen_request("hi", guided=g.GuidedDecoding(structural_tag=STRUCTURAL_TAG))
         await expect_status(h.stub.Generate(req), INVALID, "STRUCTURAL_TAG")
+
+
+async def test_n2_stop_text_every_output_finishes_right_and_text_is_decoded_here(trt):
+    """With n > 1 TensorRT-LLM gives a finish reason (and cuts the stop word) only to the sequence
+    of the request's final response, and its detokenizer re-appends stale diffs to the others and
+    keeps text of stop tokens it truncates. The adapter decodes text itself (detokenize=False) and
+    infers the other outputs' stop from their token suffix."""
+    req = gen_request("hi", sampling=g.SamplingParams(num_sequences=2),
+                      stopping=g.StoppingOptions(max_tokens=40, conditions=[g.StopCondition(stop_text="wor")]))
+    s = await run(trt, req)
+    assert trt.llm.submitted[-1]["sp"].detokenize is False
+    for i in range(2):
+        full = expected(40, i)
+        assert s.finished[i].reason == g.FINISH_REASON_STOP and s.finished[i].stop_match.stop_text == "wor"
+        assert s.text[i] == full[:full.index("wor")], (i, s.text[i])
+        assert s.token_ids[i] == [ord(c) for c in s.text[i]]
+
+
+async def test_the_engine_text_really_is_wrong_with_n2(tensorrt_llm):
+    """What the adapter no longer reads: the fake's detokenized text, as TensorRT-LLM's."""
+    llm = tensorrt_llm.LLM()
+    out = llm.generate_async("hi", tensorrt_llm.SamplingParams(max_tokens=6, n=2, temperature=1.0), streaming=True)
+    async for _ in out:
+        pass
+    assert any(o.text != llm.tokenizer.decode(o.token_ids) for o in out.outputs)
+    assert sum(o.finish_reason is not None for o in out.outputs) == 1  # only the final response's sequence

@@ -214,3 +214,34 @@ def test_block_hash(value, hexed):
 def test_medium():
     assert (tr.medium(0), tr.medium(1), tr.medium(9)) == (StorageMedium.GPU, StorageMedium.CPU_PINNED,
                                                           StorageMedium.UNSPECIFIED)
+
+
+def test_translator_decodes_incrementally_and_waits_for_whole_characters():
+    """Token 200 is the first byte of 'é' (decoded alone as U+FFFD), 201 the second."""
+    def decode(ids):
+        text, i = "", 0
+        while i < len(ids):
+            if ids[i] == 200:
+                text += "é" if i + 1 < len(ids) and ids[i + 1] == 201 else "\ufffd"
+                i += 2 if i + 1 < len(ids) and ids[i + 1] == 201 else 1
+            else:
+                text += chr(ids[i])
+                i += 1
+        return text
+
+    t = tr.OutputTranslator(params(), 2, decode=decode)
+    c1 = t.chunk(out(comp(0, [65, 200], "engine text ignored")))
+    assert [(d.token_ids, d.text) for d in c1.outputs] == [([65, 200], "")]  # "A\ufffd": wait for the rest
+    c2 = t.chunk(out(comp(0, [65, 200, 201, 66], "")))
+    assert [(d.token_ids, d.text) for d in c2.outputs] == [([201, 66], "AéB")]
+    c3 = t.chunk(out(comp(0, [65, 200, 201, 66], "", "length"), finished=True))
+    assert c3.outputs[0].finish_reason == FinishReason.LENGTH and c3.outputs[0].text == ""
+
+
+def test_translator_infers_a_stop_word_on_a_sequence_without_a_reason():
+    t = tr.OutputTranslator(params(sampling=be.Sampling(num_sequences=2), stopping=be.Stopping(stop_texts=("xy",))),
+                            2, decode=lambda ids: "".join(map(chr, ids)), stop_ids={"xy": [120, 121]})
+    c = t.chunk(out(comp(0, [97, 120, 121], ""), comp(1, [98, 99], "", "length"), finished=True))
+    d0 = next(d for d in c.outputs if d.index == 0)
+    assert d0.finish_reason == FinishReason.STOP and d0.stop.stop_text == "xy"
+    assert (d0.token_ids, d0.text) == ([97], "a")

@@ -82,7 +82,7 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return ([BOS] if add_special_tokens else []) + [ord(c) for c in text]
 
-    def decode(self, ids) -> str:
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return "".join(chr(i) for i in ids if i > 2)
 
 
@@ -111,7 +111,7 @@ class SamplingParams:
               "frequency_penalty": None, "presence_penalty": None, "repetition_penalty": None, "seed": None,
               "min_tokens": None, "stop": None, "stop_token_ids": None, "ignore_eos": False,
               "include_stop_str_in_output": False, "logprobs": None, "prompt_logprobs": None,
-              "guided_decoding": None, "best_of": None, "return_generation_logits": False}
+              "guided_decoding": None, "best_of": None, "return_generation_logits": False, "detokenize": True}
 
     def __init__(self, **kw):
         unknown = set(kw) - set(self.FIELDS)
@@ -328,16 +328,26 @@ class RequestOutput:
         return run().__await__()
 
     def _apply(self, idx, new_ids, new_lps, reason, stop_reason, final, disagg):
+        """One engine response, as executor/result.py GenerationResultBase._handle_response /
+        _handle_sequence and DetokenizedGenerationResultBase._handle_response apply it:
+
+        - only sequence ``idx`` is updated (its ``_last_*_len`` move);
+        - a finish reason other than ``cancelled`` (and the stop-word truncation of token_ids) is
+          set only when the REQUEST is final (``if self._done:``), and then only on the sequence of
+          that response: with n > 1 the sequences that finished earlier never get one;
+        - with ``detokenize`` (the default) every output's text gets ``decode(token_ids_diff)``
+          appended, so a sequence this response did not update re-appends its stale last diff, and
+          text once appended is never taken back (a stop string's prefix survives the truncation).
+        """
         out = self.outputs[idx]
         out._last_token_ids_len = len(out.token_ids)
-        out._last_text_len = len(out.text)
         out._last_logprobs_len = len(out.logprobs)
         out.token_ids.extend(new_ids)
         if self.sampling_params.logprobs is not None:
             out.logprobs.extend(new_lps)
         if self.sampling_params.return_generation_logits and self._llm.args.speculative_config is None:
             out.generation_logits = Tensor([*(out.generation_logits or []), *map(logits_row, new_ids)])
-        if reason is not None:
+        if reason == "cancelled" or (reason is not None and final):
             out.finish_reason, out.stop_reason = reason, stop_reason
             if reason == "stop" and stop_reason is not None and not self.sampling_params.include_stop_str_in_output:
                 cut = len(self._llm.stop_ids(stop_reason))
@@ -346,7 +356,10 @@ class RequestOutput:
                 if out.generation_logits is not None:
                     out.generation_logits = Tensor(out.generation_logits[:len(out.token_ids)])
         out.disaggregated_params = disagg
-        out.text = self._llm.tokenizer.decode(out.token_ids)
+        if self.sampling_params.detokenize:
+            for o in self.outputs:
+                o._last_text_len = len(o.text)
+                o.text += self._llm.tokenizer.decode(o.token_ids_diff)
         if final:
             self.finished = True
 
