@@ -154,6 +154,7 @@ class TrtllmBackend(be.EngineBackend):
         self._pollers: list[asyncio.Task] = []
         self._poll_error: str | None = None
         self._disagg_field_names: frozenset[str] | None = None
+        self._submitted = False  # no request yet: the engine's KV-event queue does not exist
         self._card = self._build_card()
         features = {Feature.GENERATE, Feature.ABORT, Feature.LOAD}
         if self.stats_on:
@@ -245,25 +246,48 @@ class TrtllmBackend(be.EngineBackend):
             await asyncio.to_thread(self.llm.shutdown)
 
     async def _poll(self, read, sink) -> None:
-        """Drain one single-consumer engine queue forever (this adapter must be its only reader)."""
+        """Drain one single-consumer engine queue forever (this adapter must be its only reader).
+
+        TensorRT-LLM hands out one ``IterationResult`` per queue (``executor/result.py``): once a
+        read times out it stays done, so every later read ends at once, until ``mark_undone`` -
+        which the executor calls only when a request is submitted. The poller marks it undone
+        itself after each read, so events that come while no request arrives (evictions, the
+        end of the last request) are not held back. Before the first request the KV queue does
+        not exist yet (``executor/executor.py`` ``aget_kv_events`` asserts it): that is "not
+        started", not a failure.
+        """
         failed = False
         while True:
             try:
+                it = read(timeout=self.options.poll_timeout_s)
                 # a busy engine keeps the iteration going: handle every item as it arrives
-                async for item in read(timeout=self.options.poll_timeout_s):
+                async for item in it:
                     sink([json.loads(item) if isinstance(item, str | bytes) else item])
+                undone = getattr(it, "mark_undone", None)
+                if undone is not None:
+                    undone()
                 if failed:
                     failed, self._poll_error = False, None
                     if sink == self._on_kv_events:
                         self.kv.engine_restarted()  # events may be lost while we could not read
             except asyncio.CancelledError:
                 raise
+            except AssertionError:
+                if self._submitted:
+                    self._poll_failed(read, "AssertionError: the engine queue is gone")
+                    failed = True
+                await asyncio.sleep(max(self.options.poll_interval_s, 0.1))
             except Exception as exc:
                 if not failed:
                     log.warning("polling %s failed: %s", getattr(read, "__name__", read), exc)
                 failed, self._poll_error = True, f"{type(exc).__name__}: {exc}"
                 await asyncio.sleep(max(self.options.poll_interval_s, 0.5))
             await asyncio.sleep(self.options.poll_interval_s)
+
+    def _poll_failed(self, read, message: str) -> None:
+        if self._poll_error is None:
+            log.warning("polling %s failed: %s", getattr(read, "__name__", read), message)
+        self._poll_error = message
 
     def _on_stats(self, items: list) -> None:
         for s in items:
@@ -388,6 +412,7 @@ class TrtllmBackend(be.EngineBackend):
         prompt_len = self._prompt_len(params)
         sp = self._sampling_params(params, prompt_len)
         kw = self._engine_kwargs(params)
+        self._submitted = True
         try:
             handle = self.llm.generate_async(translate.prompt_input(params), sp, streaming=True, **kw)
         except (ValueError, TypeError) as exc:
@@ -456,6 +481,7 @@ class TrtllmBackend(be.EngineBackend):
             return
         from tensorrt_llm import SamplingParams
 
+        self._submitted = True
         handle = self.llm.generate_async({"prompt_token_ids": [1]},
                                          SamplingParams(max_tokens=1, ignore_eos=True, temperature=0.0),
                                          streaming=False)
@@ -552,6 +578,7 @@ class TrtllmBackend(be.EngineBackend):
         async def one(where: str, prompt_ids: list[int]) -> list[float]:
             sp = SamplingParams(max_tokens=1, temperature=0.0, return_generation_logits=True)
             kw = {"lora_request": lora} if lora is not None else {}
+            self._submitted = True
             handle = self.llm.generate_async({"prompt_token_ids": prompt_ids}, sp, streaming=False, **kw)
             handles.append(handle)
             last = None

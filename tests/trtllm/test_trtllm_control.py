@@ -190,8 +190,15 @@ def kinds(batch):
     return [e.WhichOneof("event") for e in batch.events]
 
 
+async def first_request(h) -> None:
+    """TensorRT-LLM's KV-event queue exists from the first request on (executor.py aget_kv_events):
+    one short request (no full block), then the engine's "created" event is consumed."""
+    await collect(h.stub, gen_request("hi", stopping=g.StoppingOptions(max_tokens=1)))
+    await asyncio.sleep(0.1)
+
+
 async def test_kv_events_sequence_replay_snapshot_and_clear(trt):
-    await asyncio.sleep(0.05)  # the engine's "created" event is consumed first
+    await first_request(trt)
     call = trt.stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest())
     await asyncio.sleep(0.05)
     await collect(trt.stub, gen_request(token_ids=input_pb2.TokenIds(ids=list(range(10, 22))),
@@ -228,7 +235,7 @@ async def test_kv_events_sequence_replay_snapshot_and_clear(trt):
 
 
 async def test_kv_event_gap_synthesizes_clear(trt):
-    await asyncio.sleep(0.05)
+    await first_request(trt)
     trt.llm.emit_kv({"type": "stored", "parent_hash": None, "blocks": [
         {"block_hash": 7, "tokens": [{"token_id": 1}], "cache_level": 0}]})
     await asyncio.sleep(0.05)
@@ -244,7 +251,7 @@ async def test_kv_event_gap_synthesizes_clear(trt):
 async def test_kv_events_per_attention_dp_rank(serve):
     """Each attention-DP rank has its own sequence numbers; a rank the engine does not have is refused."""
     async with serve(fake_trtllm.Args(enable_attention_dp=True, tensor_parallel_size=2)) as h:
-        await asyncio.sleep(0.05)
+        await first_request(h)
         call = h.stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest(data_parallel_ranks=[1]))
         await asyncio.sleep(0.05)
         for hash_ in (7, 8):
@@ -367,3 +374,27 @@ async def test_decode_refuses_a_session_without_opaque_state_before_the_engine_s
         health = await asyncio.wait_for(
             dec.stub.Health(lifecycle_pb2.HealthRequest(include_inference_probe=True)), 5)
         assert health.state == lifecycle_pb2.HEALTH_STATE_READY
+
+
+async def test_kv_polling_is_not_stale_and_no_request_yet_is_not_a_failure(trt):
+    """Before the first request TensorRT-LLM's KV queue does not exist (aget_kv_events asserts):
+    health stays READY and no AllBlocksCleared is made up. After a read times out, its
+    IterationResult stays done until the next submission: events that come while no request
+    arrives (an eviction) must still be delivered."""
+    await asyncio.sleep(0.2)  # many polls of a queue that does not exist yet
+    health = await trt.stub.Health(lifecycle_pb2.HealthRequest())
+    assert health.state == lifecycle_pb2.HEALTH_STATE_READY, health
+    call = trt.stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest())
+    await asyncio.sleep(0.05)
+    await collect(trt.stub, gen_request(token_ids=input_pb2.TokenIds(ids=[10, 11, 12, 13]),
+                                        stopping=g.StoppingOptions(max_tokens=1)))
+    batches = await _batches(call, 1)
+    while "block_stored" not in kinds(batches[-1]):
+        batches += await _batches(call, 1)
+    # one clear, the engine's own "created" event; none made up for the polls that found no queue
+    assert [k for b in batches for k in kinds(b)].count("all_blocks_cleared") == 1
+    await asyncio.sleep(0.2)  # several read timeouts, no request
+    trt.llm.emit_kv({"type": "removed", "block_hashes": [7]})
+    (late,) = await _batches(call, 1)
+    assert kinds(late) == ["block_removed"]
+    call.cancel()

@@ -236,25 +236,47 @@ class CompletionOutput:
 
 
 class _Queue:
-    """A single-consumer, drain-on-read queue; bounded (oldest dropped) like the engine's."""
+    """A single-consumer, drain-on-read queue; bounded (oldest dropped) like the engine's, read
+    through ONE ``IterationResult`` (executor/result.py): once a read times out it stays done,
+    ending every later iteration at once, until ``mark_undone`` - which the executor calls only
+    when a new request is submitted (executor/executor.py _maybe_initialize_iteration_results)."""
 
     def __init__(self, maxlen: int | None = None):
         self.items: deque = deque(maxlen=maxlen)
         self.event = asyncio.Event()
+        self._done = False
+        self._timeout = 2.0
 
     def put(self, item) -> None:
         self.items.append(item)
         self.event.set()
 
-    async def drain(self, timeout: float):
-        while True:
-            while self.items:
-                yield self.items.popleft()
+    def set_timeout(self, timeout: float) -> _Queue:
+        self._timeout = timeout
+        return self
+
+    def mark_undone(self) -> None:
+        self._done = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self._done:
+            raise StopAsyncIteration
+        while not self.items:
             self.event.clear()
             try:
-                await asyncio.wait_for(self.event.wait(), timeout)
+                await asyncio.wait_for(self.event.wait(), self._timeout)
             except TimeoutError:
-                return
+                self._done = True
+                raise StopAsyncIteration from None
+        return self.items.popleft()
+
+
+async def _empty():
+    return
+    yield
 
 
 class RequestError(RuntimeError):
@@ -410,10 +432,14 @@ class LLM:
         self.emit_kv({"type": "created", "num_blocks_per_cache_level": [128, 0]})
 
     def get_kv_cache_events_async(self, timeout: float = 2):
-        return self.kv_queue.drain(timeout)
+        # executor/executor.py aget_kv_events: the IterationResult exists only once a request was
+        # submitted; before that: AssertionError("KV Event IterationResult is not properly instantiated.")
+        assert self.submitted, "KV Event IterationResult is not properly instantiated."
+        return self.kv_queue.set_timeout(timeout)
 
     def get_stats_async(self, timeout: float = 2):
-        return self.stats_queue.drain(timeout)
+        # executor/executor.py aget_stats: an empty iterable before the first request
+        return self.stats_queue.set_timeout(timeout) if self.submitted else _empty()
 
     def shutdown(self) -> None:
         self.shut = True
@@ -473,6 +499,8 @@ class LLM:
             raise ValueError("LoRA is not enabled")
         rid = next(self.ids)
         out = RequestOutput(self, rid, ids, sp)
+        self.kv_queue.mark_undone()  # _maybe_initialize_iteration_results, on every submission
+        self.stats_queue.mark_undone()
         self.submitted.append({"id": rid, "inputs": inputs, "sp": sp, "lora": lora_request, "streaming": streaming,
                                "disagg": disaggregated_params, "sched": scheduling_params, "salt": cache_salt})
         self.live[rid] = out
