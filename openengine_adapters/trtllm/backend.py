@@ -409,6 +409,12 @@ class TrtllmBackend(be.EngineBackend):
         return kw
 
     async def generate(self, params: be.GenerateParams):
+        """Acceptance is TensorRT-LLM's first response. The LLM runs its worker behind a proxy, so
+        what the worker refuses when it enqueues a request (``executor/base_worker.py``
+        ``_enqueue_request``: lengths, LoRA, disaggregation, grammar) does not raise from
+        ``generate_async``: it comes back as the stream's first item, a ``RequestError``
+        (``executor/executor.py`` ``_handle_background_error``), and is refused here as
+        INVALID_ARGUMENT; an error after the first response ends the stream (one EngineError)."""
         prompt_len = self._prompt_len(params)
         sp = self._sampling_params(params, prompt_len)
         kw = self._engine_kwargs(params)
@@ -418,36 +424,60 @@ class TrtllmBackend(be.EngineBackend):
         except (ValueError, TypeError) as exc:
             raise invalid(f"request: rejected by TensorRT-LLM: {exc}") from None
         except Exception as exc:
+            if _is_request_error(exc):  # the single-process worker raises it at once
+                raise invalid(f"request: rejected by TensorRT-LLM: {exc}") from None
             raise RequestRejected(grpc.StatusCode.UNAVAILABLE, f"TensorRT-LLM refused the request: {exc}",
                                   ErrorCode.INTERNAL) from None
-        self._live[params.request_id] = handle
+        self._live[params.request_id] = handle  # Abort during the wait below reaches the engine
         if params.lora_name:
             self._lora_in_use[params.lora_name] += 1
+        try:
+            first = await handle.__aiter__().__anext__()
+        except StopAsyncIteration:
+            first = None
+        except BaseException as exc:
+            self._release(params, handle)
+            if isinstance(exc, asyncio.CancelledError):
+                _abort(handle)
+                raise
+            if _is_request_error(exc):
+                raise invalid(f"request: rejected by TensorRT-LLM: {exc}") from None
+            raise EngineFailure(ErrorCode.INTERNAL, f"TensorRT-LLM error: {type(exc).__name__}: {exc}") from None
         translator = translate.OutputTranslator(params, self.eos_token_id, self._stop_holdback(params),
                                                 decode=self._decode if self.tokenizer is not None else None,
                                                 stop_ids=self._stop_ids(params))
         translator.max_tokens = (sp.max_tokens if sp.max_tokens is not None
                                  else self.max_context - prompt_len if self.max_context else None)
-        return self._stream(params, handle, translator)
+        return self._stream(params, handle, translator, first)
 
-    async def _stream(self, params: be.GenerateParams, handle, translator: translate.OutputTranslator):
+    def _release(self, params: be.GenerateParams, handle) -> None:
+        if self._live.get(params.request_id) is handle:
+            del self._live[params.request_id]
+        if params.lora_name:
+            self._lora_in_use[params.lora_name] -= 1
+            if self._lora_in_use[params.lora_name] <= 0:
+                del self._lora_in_use[params.lora_name]
+
+    async def _stream(self, params: be.GenerateParams, handle, translator: translate.OutputTranslator, first):
         finished = False
         try:
-            async for out in _iterate(handle):
-                chunk = translator.chunk(out)
-                finished = bool(out.finished)
+            if first is not None:
+                chunk = translator.chunk(first)
+                finished = bool(first.finished)
                 if finished and self.role == EngineRole.PREFILL:
-                    chunk.prefill_ready = self._handoff(params, out)
+                    chunk.prefill_ready = self._handoff(params, first)
                 yield chunk
-                if finished:
-                    break
+            if not finished and first is not None:
+                async for out in _iterate(handle):
+                    chunk = translator.chunk(out)
+                    finished = bool(out.finished)
+                    if finished and self.role == EngineRole.PREFILL:
+                        chunk.prefill_ready = self._handoff(params, out)
+                    yield chunk
+                    if finished:
+                        break
         finally:
-            if self._live.get(params.request_id) is handle:
-                del self._live[params.request_id]
-            if params.lora_name:
-                self._lora_in_use[params.lora_name] -= 1
-                if self._lora_in_use[params.lora_name] <= 0:
-                    del self._lora_in_use[params.lora_name]
+            self._release(params, handle)
             if not finished:
                 _abort(handle)
 
@@ -625,6 +655,12 @@ async def _iterate(handle):
         except Exception as exc:
             raise EngineFailure(ErrorCode.INTERNAL, f"TensorRT-LLM error: {type(exc).__name__}: {exc}") from None
         yield out
+
+
+def _is_request_error(exc: BaseException) -> bool:
+    """TensorRT-LLM's per-request error (``executor/utils.py`` ``RequestError``), by class name:
+    importing it would import the engine."""
+    return any(c.__name__ == "RequestError" for c in type(exc).__mro__)
 
 
 def _abort(handle) -> None:

@@ -258,10 +258,10 @@ async def test_guided_structural_tag_leaves_free_text_free(trt):
     (g.GuidedDecoding(ebnf_grammar='start ::= "a"'), "no `root` rule"),
     (g.GuidedDecoding(structural_tag='{"a": 1}'), "invalid structural tag"),
 ])
-async def test_invalid_guide_fails_in_the_stream(trt, guide, fragment):
-    """TensorRT-LLM compiles the grammar in the engine, after acceptance: the stream ends with its error."""
-    s = await run(trt, gen_request("hi", guided=guide))
-    assert s.error is not None and fragment in s.error.message
+async def test_invalid_guide_is_refused_at_the_engines_first_response(trt, guide, fragment):
+    """TensorRT-LLM compiles the grammar in the engine; its refusal is the stream's first item, a
+    RequestError, which the adapter (accepting on the first response) refuses as INVALID_ARGUMENT."""
+    await expect_status(trt.stub.Generate(gen_request("hi", guided=guide)), INVALID, fragment)
 
 
 async def test_guided_backend_mismatch_and_disabled(trt, serve):
@@ -328,14 +328,23 @@ async def test_client_cancel_aborts_engine_request(trt):
     assert not trt.llm.live and trt.llm.abort_calls and not trt.backend._live
 
 
-async def test_engine_error_after_acceptance_is_one_engine_error(serve, tmp_path):
+async def test_enqueue_refusal_is_invalid_argument_not_an_engine_error(serve, tmp_path):
+    """A LoRA the worker cannot load is refused when it enqueues the request (base_worker.py
+    _enqueue_request); behind the proxy that is the stream's first item, a RequestError."""
     args = fake_trtllm.Args(lora_config=fake_trtllm.LoraConfig())
     async with serve(args) as h:
         h.backend._loras["bad"] = fake_trtllm.LoRARequest("bad", 9, str(tmp_path))  # no adapter_config.json
         h.server.service._loras["bad"] = None
-        req = gen_request("hi", lora_name="bad")
-        s = check_generate_stream(req, await collect(h.stub, req))
-        assert s.error is not None and "cannot load LoRA" in s.error.message
+        await expect_status(h.stub.Generate(gen_request("hi", lora_name="bad")), INVALID, "cannot load LoRA")
+        assert not h.backend._live and not h.backend._lora_in_use
+
+
+async def test_engine_error_after_acceptance_is_one_engine_error(trt):
+    trt.llm.fail_after = 2
+    req = gen_request("hi", stopping=g.StoppingOptions(max_tokens=50))
+    s = check_generate_stream(req, await collect(trt.stub, req))
+    assert s.error is not None and "mid-stream" in s.error.message
+    assert not trt.backend._live
 
 
 async def test_aggregated_probe_runs_one_token(trt):

@@ -411,6 +411,7 @@ class LLM:
         self.event_id = itertools.count(0)
         self.shut = False
         self.stalled = False  # the executor loop is blocked on a handoff it cannot resolve
+        self.fail_after: int | None = None  # tests: fail a request after this many engine steps
         # the worker's max_seq_len: the user's, else the model config's (create_py_executor)
         self.engine_max_seq_len = self.args.max_seq_len or MODEL_MAX_POSITIONS
         self._hf_model_dir = _model_dir()
@@ -641,12 +642,16 @@ class LLM:
                                                  opaque_state=b"\x00state-" + str(out.request_id).encode())
                     out._queue.put_nowait((i, new, lps, reason, stop_reason, all(done), dp))
                     self._stats()
+                    if self.fail_after is not None and step >= self.fail_after and not all(done):
+                        raise RuntimeError("engine failure mid-stream (test)")
         except asyncio.CancelledError:
             # abort: every unfinished sequence ends "cancelled" in one final response each
             unfinished = [i for i in range(sp.n) if not done[i]]
             for k, i in enumerate(unfinished):
                 out._queue.put_nowait((i, [], [], "cancelled", None, k == len(unfinished) - 1, None))
         except Exception as exc:
-            out._queue.put_nowait(exc if isinstance(exc, RequestError) else RuntimeError(str(exc)))
+            # every per-request error reaches the stream as a RequestError: the worker's ErrorResponse
+            # -> GenerationResult._handle_response -> executor.py _handle_background_error(str)
+            out._queue.put_nowait(exc if isinstance(exc, RequestError) else RequestError(str(exc)))
         finally:
             self.live.pop(out.request_id, None)
