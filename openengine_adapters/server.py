@@ -64,7 +64,7 @@ class ServerConfig(BaseModel):
     drain_grace_s: float = Field(30.0, ge=0)
     max_message_mb: int = Field(64, gt=0)
     surfaces: tuple[str, ...] = SURFACES
-    coalesce_max_delay_ms: float = Field(20.0, ge=0)
+    coalesce_max_delay_ms: float = Field(0.0, ge=0)  # off until it measures better (README Performance)
     metrics: bool = False  # our Prometheus metrics in the default registry (the engine's /metrics in plugin mode)
     metrics_port: int | None = Field(None, ge=0, le=65535)  # a sidecar serves that registry here
     security: SecurityConfig = SecurityConfig()  # TLS, keys, operator policy, reflection, LoRA root
@@ -105,9 +105,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--health-interval-s", type=float, default=d.health_interval_s,
                        help="how often grpc.health.v1 is refreshed from the engine")
     group.add_argument("--coalesce-max-delay-ms", type=float, default=d.coalesce_max_delay_ms,
-                       help="adaptive coalescing: when the server falls behind, token deltas of a stream may "
-                            "wait this long to share one message (first tokens and finishes never wait); "
-                            "0 turns it off")
+                       help="adaptive coalescing (experimental, off by default): when the server falls behind, "
+                            "token deltas of a stream may wait this long (e.g. 20) to share one message; first "
+                            "tokens and finishes never wait")
     group.add_argument("--metrics-port", type=int, default=None,
                        help="serve Prometheus metrics (the engine's and ours) on this HTTP port")
     group.add_argument("--surfaces", default="both",

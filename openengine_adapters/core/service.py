@@ -73,7 +73,7 @@ class ServiceOptions:
     finished_id_memory: int = 65536
     advertise_host: str = "127.0.0.1"
     probe_timeout_s: float = 30.0
-    coalesce_max_delay_ms: float = 20.0  # 0 turns adaptive coalescing off
+    coalesce_max_delay_ms: float = 0.0  # > 0 turns adaptive coalescing on (experimental)
     lora_root: str | None = None  # LoadLora takes only directories under it (None: any, loopback callers only)
     max_subscriptions: int | None = 64  # open KV + runtime event subscriptions; None = unlimited
 
