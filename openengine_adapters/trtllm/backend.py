@@ -219,7 +219,8 @@ class TrtllmBackend(be.EngineBackend):
         return be.ModelCard(
             model_id=str(_get(self.args, "model", default=names[0])),
             served_model_name=names[0], served_model_aliases=tuple(names[1:]),
-            max_context_length=self.max_context, max_output_tokens=self.max_context,
+            # at least one prompt token: the whole window is never output
+            max_context_length=self.max_context, max_output_tokens=self.max_context - 1 if self.max_context else None,
             kv_block_size=_get(kv, "tokens_per_block") or _get(self.args, "tokens_per_block"),
             max_running_requests=self.max_batch_size,
             max_batched_tokens=_get(self.args, "max_num_tokens"),
@@ -297,8 +298,9 @@ class TrtllmBackend(be.EngineBackend):
         self.kv.ingest(items)
 
     async def check_health(self) -> list[be.HealthCheckResult]:
-        executor = getattr(self.llm, "_executor", None)
-        if executor is not None and getattr(executor, "doing_shutdown", False):
+        executor = getattr(self.llm, "_executor", False)
+        # LLM.shutdown drops its executor (llmapi/llm.py: self._executor = None)
+        if executor is None or getattr(executor, "doing_shutdown", False):
             return [be.HealthCheckResult("scheduler", HealthState.NOT_READY, "TensorRT-LLM executor is shut down")]
         checks = [be.HealthCheckResult("scheduler", HealthState.READY, "TensorRT-LLM executor is running"),
                   be.HealthCheckResult("model", HealthState.READY, self._card.names[0])]

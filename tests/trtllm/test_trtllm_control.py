@@ -398,3 +398,13 @@ async def test_kv_polling_is_not_stale_and_no_request_yet_is_not_a_failure(trt):
     (late,) = await _batches(call, 1)
     assert kinds(late) == ["block_removed"]
     call.cancel()
+
+
+async def test_health_after_the_engine_shut_down_and_output_cap(trt):
+    """LLM.shutdown drops its executor: health must say NOT_READY, not READY. max_output_tokens
+    leaves room for one prompt token."""
+    info = await trt.stub.GetModelInfo(model_pb2.GetModelInfoRequest(model="fake-model"))
+    assert info.max_output_tokens == info.max_context_length - 1
+    trt.llm.shutdown()
+    health = await trt.stub.Health(lifecycle_pb2.HealthRequest())
+    assert health.state == lifecycle_pb2.HEALTH_STATE_NOT_READY, health

@@ -279,6 +279,10 @@ async def _empty():
     yield
 
 
+class _Executor:
+    doing_shutdown = False
+
+
 class RequestError(RuntimeError):
     """tensorrt_llm/executor/utils.py RequestError: what the worker raises for a request it refuses."""
 
@@ -410,6 +414,7 @@ class LLM:
         self.stats_queue = _Queue(1000)
         self.event_id = itertools.count(0)
         self.shut = False
+        self._executor = _Executor()
         self.stalled = False  # the executor loop is blocked on a handoff it cannot resolve
         self.fail_after: int | None = None  # tests: fail a request after this many engine steps
         # the worker's max_seq_len: the user's, else the model config's (create_py_executor)
@@ -443,7 +448,9 @@ class LLM:
         return self.stats_queue.set_timeout(timeout) if self.submitted else _empty()
 
     def shutdown(self) -> None:
+        """llmapi/llm.py shutdown: the executor is shut down and dropped (``self._executor = None``)."""
         self.shut = True
+        self._executor = None
 
     # -- helpers ------------------------------------------------------------------
     def stop_ids(self, stop_reason) -> list[int]:
@@ -465,7 +472,9 @@ class LLM:
                 self.cache.add(key)
                 if not stored:
                     first_parent = parent
-                stored.append({"type": "stored_block", "block_hash": h, "lora_id": lora or None, "cache_level": 0,
+                # no lora_id: _utils.py KVCacheEventSerializer._stored_block_to_json leaves it out
+                # ("TODO: enable serialization of lora_id")
+                stored.append({"type": "stored_block", "block_hash": h, "cache_level": 0,
                                "priority": 35, "tokens": [{"type": "unique_token", "token_id": t,
                                                            "token_extra_id": 0} for t in blk]})
             parent = h
@@ -476,11 +485,12 @@ class LLM:
     def _stats(self) -> None:
         self.iteration += 1
         active = sum(1 for r in self.live.values() if not r.finished)
-        self.stats_queue.put(json.dumps({
+        # a dict: executor/result.py IterationResult.__anext__ returns json.loads(data)
+        self.stats_queue.put({
             "iter": self.iteration, "iterLatencyMS": 1.5, "numActiveRequests": active, "numQueuedRequests": 0,
             "kvCacheStats": {"maxNumBlocks": 128, "usedNumBlocks": 4 * active, "tokensPerBlock": BLOCK},
             "inflightBatchingStats": {"numContextRequests": 0, "numGenRequests": active, "numCtxTokens": 0,
-                                      "numScheduledRequests": active}}))
+                                      "numScheduledRequests": active}})
 
     # -- the API --------------------------------------------------------------------
     def generate_async(self, inputs, sampling_params: SamplingParams | None = None, lora_request=None,
