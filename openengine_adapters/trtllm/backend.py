@@ -395,6 +395,8 @@ class TrtllmBackend(be.EngineBackend):
             kw["lora_request"] = request
         if params.cache_salt is not None:
             kw["cache_salt"] = params.cache_salt
+        if params.trace_headers and "trace_headers" in self._accepts:
+            kw["trace_headers"] = dict(params.trace_headers)  # used when TensorRT-LLM exports OTLP traces
         if params.data_parallel_rank is not None and self.attention_dp:
             from tensorrt_llm.scheduling_params import SchedulingParams
 

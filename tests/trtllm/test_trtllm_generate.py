@@ -393,3 +393,17 @@ async def test_the_engine_text_really_is_wrong_with_n2(tensorrt_llm):
         pass
     assert any(o.text != llm.tokenizer.decode(o.token_ids) for o in out.outputs)
     assert sum(o.finish_reason is not None for o in out.outputs) == 1  # only the final response's sequence
+
+
+async def test_v0_1_trace_context_reaches_generate_async(trt):
+    """traceparent/tracestate of a v0.1.0 call go to LLM.generate_async(trace_headers=...)."""
+    from openengine_adapters.v0_1 import generation_pb2 as v01_gen
+    from openengine_adapters.v0_1 import openengine_pb2_grpc as v01_grpc
+
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    inference = v01_grpc.InferenceStub(trt.channel)
+    req = v01_gen.GenerateRequest(prompt="hi", stopping=v01_gen.StoppingOptions(max_tokens=1))
+    [r async for r in inference.Generate(req, metadata=(("traceparent", parent), ("tracestate", "v=x")), timeout=10)]
+    assert trt.llm.submitted[-1]["trace"] == {"traceparent": parent, "tracestate": "v=x"}
+    await collect(trt.stub, gen_request("hi", stopping=g.StoppingOptions(max_tokens=1)))
+    assert trt.llm.submitted[-1]["trace"] is None

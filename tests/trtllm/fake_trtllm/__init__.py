@@ -496,7 +496,8 @@ class LLM:
     def generate_async(self, inputs, sampling_params: SamplingParams | None = None, lora_request=None,
                        prompt_adapter_request=None, streaming: bool = False, kv_cache_retention_config=None,
                        disaggregated_params: DisaggregatedParams | None = None, _postproc_params=None,
-                       scheduling_params: SchedulingParams | None = None, cache_salt: str | None = None):
+                       scheduling_params: SchedulingParams | None = None, cache_salt: str | None = None,
+                       trace_headers=None):  # llmapi/llm.py generate_async: OpenTelemetry trace headers
         sp = sampling_params or SamplingParams()
         if isinstance(inputs, str):
             ids = self.tokenizer.encode(inputs)
@@ -513,7 +514,8 @@ class LLM:
         self.kv_queue.mark_undone()  # _maybe_initialize_iteration_results, on every submission
         self.stats_queue.mark_undone()
         self.submitted.append({"id": rid, "inputs": inputs, "sp": sp, "lora": lora_request, "streaming": streaming,
-                               "disagg": disaggregated_params, "sched": scheduling_params, "salt": cache_salt})
+                               "disagg": disaggregated_params, "sched": scheduling_params, "salt": cache_salt,
+                               "trace": trace_headers})
         self.live[rid] = out
         out._task = asyncio.get_running_loop().create_task(self._run(out, lora_request, disaggregated_params,
                                                                      cache_salt))
