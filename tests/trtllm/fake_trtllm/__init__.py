@@ -318,8 +318,12 @@ class RequestOutput:
         self.finished = False
         self.cached_tokens = 0
         if sp.prompt_logprobs:
-            self.outputs[0].prompt_logprobs = [_topk(prompt_ids[i + 1], sp.prompt_logprobs)
-                                               for i in range(len(prompt_ids) - 1)]
+            # one entry per context-logits row, i.e. per prompt token (executor/base_worker.py
+            # _compute_pytorch_prompt_logprobs -> result.py compute_logprobs): entry i is the
+            # distribution after prompt token i, so the last one is that of the first output token
+            self.outputs[0].prompt_logprobs = [_topk(prompt_ids[i + 1] if i + 1 < len(prompt_ids)
+                                                     else ord(TEXT[0]), sp.prompt_logprobs)
+                                               for i in range(len(prompt_ids))]
         self._queue: asyncio.Queue = asyncio.Queue()
         self._task: asyncio.Task | None = None
         self.aborted = False
