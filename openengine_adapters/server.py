@@ -65,6 +65,7 @@ class ServerConfig(BaseModel):
     max_message_mb: int = Field(64, gt=0)
     surfaces: tuple[str, ...] = SURFACES
     coalesce_max_delay_ms: float = Field(0.0, ge=0)  # off until it measures better (README Performance)
+    max_subscriptions: int | None = Field(64, gt=0)  # open KV + runtime event subscriptions
     metrics: bool = False  # our Prometheus metrics in the default registry (the engine's /metrics in plugin mode)
     metrics_port: int | None = Field(None, ge=0, le=65535)  # a sidecar serves that registry here
     security: SecurityConfig = SecurityConfig()  # TLS, keys, operator policy, reflection, LoRA root
@@ -110,6 +111,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                             "tokens and finishes never wait")
     group.add_argument("--metrics-port", type=int, default=None,
                        help="serve Prometheus metrics (the engine's and ours) on this HTTP port")
+    group.add_argument("--max-subscriptions", type=int, default=d.max_subscriptions,
+                       help="open KV and runtime event subscriptions at once; beyond it RESOURCE_EXHAUSTED "
+                            "with the retry hint")
     group.add_argument("--surfaces", default="both",
                        help="contract surfaces to serve on the port: revision-1 (openengine.v1.OpenEngine), "
                             "v0.1.0 (openengine.v1.Inference + Control), or both (default)")
@@ -136,6 +140,7 @@ def server_config_from_args(ns: argparse.Namespace) -> ServerConfig:
         drain_grace_s=ns.drain_grace_s, health_interval_s=ns.health_interval_s,
         surfaces=parse_surfaces(ns.surfaces), coalesce_max_delay_ms=ns.coalesce_max_delay_ms,
         security=security_from_args(ns), metrics=ns.metrics_port is not None, metrics_port=ns.metrics_port,
+        max_subscriptions=ns.max_subscriptions,
     )
 
 
@@ -153,6 +158,7 @@ class OpenEngineServer:
             probe_timeout_s=config.probe_timeout_s,
             coalesce_max_delay_ms=config.coalesce_max_delay_ms,
             lora_root=config.security.lora_root,
+            max_subscriptions=config.max_subscriptions,
         ))
         limit = config.max_message_mb * 1024 * 1024
         self.security = ServerSecurity(config.security)
