@@ -211,7 +211,7 @@ async def test_v0_1_contract_passes_on_every_role(serve, role):
 
 
 def test_cli_contract_both_runs_each_surface(tmp_path_factory):
-    code, report, table = _cli(tmp_path_factory, "--contract", "both", "--destructive")
+    code, report, table = _cli(tmp_path_factory, "--contract", "both", "--destructive", *_hooks(tmp_path_factory))
     assert code == 0, table
     assert [r["engine"]["contract"] for r in report["reports"]] == ["v0.1.0", "revision-1"]
     for r in report["reports"]:
@@ -219,6 +219,8 @@ def test_cli_contract_both_runs_each_surface(tmp_path_factory):
     v01 = {x["name"]: x for x in report["reports"][0]["results"]}
     assert v01["lifecycle.drain"]["status"] == "skip" and "v0.1.0" in v01["lifecycle.drain"]["reason"]
     assert v01["lifecycle.abort_all_requests"]["status"] == "pass"
+    for name in (*OPT_IN, "v0_1.error_event", "v0_1.admission_limit"):  # every opt-in hook, on v0.1.0 too
+        assert v01[name]["status"] == "pass", v01[name]
 
 
 async def test_v0_1_checks_catch_a_server_without_the_metadata_rules(monkeypatch):

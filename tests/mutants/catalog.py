@@ -813,16 +813,18 @@ def _():
 
 @mutant("lora.relative_path_accepted", "source_path must be an absolute directory")
 def _():
-    import os
+    import tempfile
 
-    original = os.path.isabs
-    os.path.isabs = lambda p: True if p.startswith("relative") else original(p)
-    original_isdir = os.path.isdir
-    os.path.isdir = lambda p: True if "relative" in p else original_isdir(p)
-
-    async def load_lora(self, adapter):
-        self.loras[adapter.lora_name] = adapter
-    fake_class().load_lora = load_lora
+    def make(original):
+        async def LoadLora(self, request, context):
+            if request.adapter.source_path and not request.adapter.source_path.startswith("/"):
+                where = tempfile.mkdtemp(prefix="oe-mutant-lora-")  # taken as if it resolved somewhere
+                with open(f"{where}/adapter_config.json", "w") as fh:
+                    fh.write("{}")
+                request.adapter.source_path = where
+            return await original(self, request, context)
+        return LoadLora
+    patch_method(_core().EngineService, "LoadLora", make)
 
 
 @mutant("lora.unload_unknown_ok", "unloading an unknown adapter returns NOT_FOUND")
