@@ -194,7 +194,11 @@ async def first_request(h) -> None:
     """TensorRT-LLM's KV-event queue exists from the first request on (executor.py aget_kv_events):
     one short request (no full block), then the engine's "created" event is consumed."""
     await collect(h.stub, gen_request("hi", stopping=g.StoppingOptions(max_tokens=1)))
-    await asyncio.sleep(0.3)
+    for _ in range(500):  # until the poller has read it (a loaded machine may take a while)
+        if h.backend.kv._last_event_id:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the engine's created event was never read")
 
 
 async def test_kv_events_sequence_replay_snapshot_and_clear(trt):
