@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 
 import grpc
-from helpers import rejection, start_fake, stop_fake
+import pytest
+from fake_backend import FakeBackend, default_card
+from helpers import rejection, serve_backend, start_fake, stop_fake
 
 from openengine_adapters.security.channel import open_channel
 from openengine_adapters.v1 import lora_pb2, openengine_pb2_grpc
@@ -60,3 +62,22 @@ async def test_only_directories_under_the_lora_root_load_and_refusals_do_not_tel
                 await stub.UnloadLora(lora_pb2.UnloadLoraRequest(lora_name="ad"), timeout=5)
     finally:
         await stop_fake(proc)
+
+
+async def test_lora_disabled_is_failed_precondition_before_the_root_rule():
+    """An engine without LoRA answers FAILED_PRECONDITION to LoadLora from any peer (the conformance
+    check for it runs from the host into a container, which is not loopback)."""
+    backend = FakeBackend(cards=[default_card(supports_lora=False)])
+    async with serve_backend(backend) as h:
+        class RemotePeer:  # the call's context as a non-loopback peer sees it
+            def peer(self):
+                return "ipv4:198.18.13.2:40000"
+
+            async def abort(self, code, details="", trailing_metadata=()):
+                raise grpc.aio.AbortError(code, details)
+
+        adapter = lora_pb2.LoraAdapter(lora_id=1, lora_name="a", source_path="/tmp")
+        request = lora_pb2.LoadLoraRequest(adapter=adapter)
+        with pytest.raises(grpc.aio.AbortError) as caught:
+            await h.service.LoadLora(request, RemotePeer())
+        assert caught.value.args[0] == grpc.StatusCode.FAILED_PRECONDITION

@@ -45,6 +45,7 @@ from openengine_adapters.errors import (
     invalid,
     not_found,
 )
+from openengine_adapters.security.policy import lora_load_refusal
 from openengine_adapters.task_results import classify_response, embed_response, score_response
 from openengine_adapters.types import EngineRole, ErrorCode, Feature, RuntimeEventType
 from openengine_adapters.v1 import (
@@ -496,6 +497,8 @@ class EngineService:
     @_unary
     async def LoadLora(self, request: lora_pb2.LoadLoraRequest, context):
         self._require_lora()
+        if refusal := lora_load_refusal(self.options.lora_root, context.peer()):
+            raise refusal
         a = request.adapter
         if not request.HasField("adapter"):
             raise invalid("adapter: required")

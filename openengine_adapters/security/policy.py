@@ -9,7 +9,8 @@ decoded target. The rule:
 - without one, operator RPCs are accepted only from loopback peers (the host's own operator or
   sidecar), unless ``--allow-remote-operator`` opens them to every caller that passes authentication;
 - LoadLora names a directory on the server's disk: from a non-loopback peer it also needs an
-  allowed root (``--lora-root``), which the core then enforces; with no root, only loopback may load.
+  allowed root (``--lora-root``); the core enforces both (``lora_load_refusal``), after it has
+  answered FAILED_PRECONDITION for an engine without LoRA.
 """
 
 from __future__ import annotations
@@ -59,6 +60,14 @@ def _auth_error(status: grpc.StatusCode, message: str) -> RequestRejected:
     return RequestRejected(status, message, ErrorCode.UNSPECIFIED, details={"auth": reason})
 
 
+def lora_load_refusal(root: str | None, peer: str) -> RequestRejected | None:
+    """With no adapter root, only loopback may name directories on this host for LoadLora."""
+    if root is None and not is_loopback(peer):
+        return permission_denied("LoadLora from the network needs an allowed adapter root on this server "
+                                 "(--lora-root); without one only loopback may load adapters")
+    return None
+
+
 def unauthenticated(message: str) -> RequestRejected:
     return _auth_error(grpc.StatusCode.UNAUTHENTICATED, message)
 
@@ -68,10 +77,9 @@ def permission_denied(message: str) -> RequestRejected:
 
 
 class OperatorPolicy:
-    def __init__(self, has_admin_key: bool, allow_remote: bool, lora_root: str | None = None) -> None:
+    def __init__(self, has_admin_key: bool, allow_remote: bool) -> None:
         self.has_admin_key = has_admin_key
         self.allow_remote = allow_remote
-        self.lora_root = lora_root
 
     def describe(self) -> str:
         if self.has_admin_key:
@@ -83,14 +91,8 @@ class OperatorPolicy:
                 "(no admin API key; --admin-api-key or --allow-remote-operator opens them)")
 
     def refusal(self, caller: Caller, peer: str, what: str) -> RequestRejected | None:
-        """Why this caller may not run the operator RPC ``what``; None when it may."""
-        refusal = self._operator_refusal(caller, peer, what)
-        if refusal is None and what == "LoadLora" and self.lora_root is None and not is_loopback(peer):
-            return permission_denied("LoadLora from the network needs an allowed adapter root on this server "
-                                     "(--lora-root); without one only loopback may load adapters")
-        return refusal
-
-    def _operator_refusal(self, caller: Caller, peer: str, what: str) -> RequestRejected | None:
+        """Why this caller may not run the operator RPC ``what``; None when it may. (LoadLora's
+        adapter-root rule is the core's: it comes after "is LoRA enabled at all".)"""
         if self.has_admin_key:
             if caller == Caller.OPERATOR:
                 return None

@@ -26,7 +26,7 @@ class ServerSecurity:
         files = TlsFiles.from_options(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file)
         self.certificates = CertificateReloader(files) if files is not None else None
         self.tokens = TokenSet(config.api_keys, config.admin_api_keys)
-        self.policy = OperatorPolicy(self.tokens.has_admin_key, config.allow_remote_operator, config.lora_root)
+        self.policy = OperatorPolicy(self.tokens.has_admin_key, config.allow_remote_operator)
         self.interceptor = SecurityInterceptor(self.tokens, self.policy)
 
     def bind(self, server: grpc.aio.Server, address: str) -> int:
