@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import grpc
+
 from conformance.context import G
 from conformance.registry import Skip, check, expect
 
@@ -50,10 +52,28 @@ async def seeded_n(ctx):
     expect(a == b, f"same seed, different tokens per index: {a} vs {b}")
 
 
+KNOBS = {"top_p": 0.9, "top_k": 20, "min_p": 0.01, "frequency_penalty": 0.1, "presence_penalty": 0.1,
+         "repetition_penalty": 1.05}
+
+
 @check("sampling.explicit_params_accepted", "role AGGREGATED")
 async def explicit_params(ctx):
-    """The common sampling knobs (top_p, top_k, min_p, penalties) are accepted and the stream is well-formed."""
+    """Each common sampling knob (top_p, top_k, min_p, penalties) set explicitly is honoured or refused:
+    "Unsupported explicit options are rejected, never silently ignored" -- a refusal is
+    INVALID_ARGUMENT before acceptance naming the field (an engine whose sampler ignores a knob
+    refuses it). The knobs it accepts, all set together with temperature, give a well-formed stream."""
     ctx.require_generation()
-    sp = G.SamplingParams(temperature=0.7, top_p=0.9, top_k=20, min_p=0.01, frequency_penalty=0.1,
-                          presence_penalty=0.1, repetition_penalty=1.05, **await ctx.seed(5))
+    accepted = {}
+    for name, value in KNOBS.items():
+        req = ctx.request(f"knob-{name}", max_tokens=4, sampling=G.SamplingParams(temperature=0.7, **{name: value}))
+        try:
+            async for _ in ctx.stub.Generate(req, timeout=ctx.options.check_timeout_s):
+                pass
+        except grpc.aio.AioRpcError as exc:
+            expect(exc.code() == grpc.StatusCode.INVALID_ARGUMENT and f"sampling.{name}" in (exc.details() or ""),
+                   f"sampling.{name}: refused with {exc.code().name} ({exc.details()}); a refusal must be "
+                   f"INVALID_ARGUMENT naming sampling.{name}")
+            continue
+        accepted[name] = value
+    sp = G.SamplingParams(temperature=0.7, **accepted, **await ctx.seed(5))
     await _ids(ctx, "knobs", sp)
