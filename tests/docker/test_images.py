@@ -87,6 +87,7 @@ def start(made, image: str, *args: str, ports=(50051,), options=()) -> tuple[str
     mapped = {p: free_port() for p in ports}
     made["containers"].append(name)
     publish = [arg for p, host in mapped.items() for arg in ("-p", f"127.0.0.1:{host}:{p}")]
+    docker("rm", "-f", "-v", name, check=False)  # one an interrupted earlier run left behind
     docker("run", "-d", "--name", name, *publish, *options, image, *args)
     return name, mapped
 
