@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         from conformance.registry import all_checks
 
         for c in all_checks():
-            print(f"{c.name:45} {'[destructive] ' if c.destructive else ''}{c.requires}")
+            print(f"{c.name:45} {'[destructive] ' if c.destructive else ''}{c.requires}", flush=True)
         return 0
     if not args.target:
         p.error("--target is required")
@@ -79,7 +79,10 @@ def main(argv: list[str] | None = None) -> int:
             tls_key_file=args.tls_key_file, token=args.token,
             fail_metadata=parse_metadata(args.fail_request_metadata, "--fail-request-metadata"),
             serial_metadata=parse_metadata(args.serial_request_metadata, "--serial-request-metadata"),
-            lora_dir=args.lora_dir))
+            lora_dir=args.lora_dir, progress=None if args.quiet else show_progress(contract)))
+        if report.setup_error:
+            print(f"conformance: cannot examine {args.target} ({contract}): {report.setup_error}", file=sys.stderr)
+            return 2
         reports.append(report)
         if args.quiet:
             for r in report.failures():
@@ -95,5 +98,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(r.ok for r in reports) else 1
 
 
+def show_progress(contract: str):
+    """One line per check on stderr as it finishes, so a long run shows where it is."""
+    def progress(result) -> None:
+        print(f"  [{contract}] {result.status.upper():4} {result.name} ({result.duration_s:.1f} s)", file=sys.stderr,
+              flush=True)
+    return progress
+
+
+def entry() -> int:
+    """The console script: ``main`` with a closed pipe (``--list | head``) ending quietly."""
+    try:
+        return main()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -49,6 +49,8 @@ class Report:
     model: str = ""
     engine: dict = field(default_factory=dict)
     results: list[Result] = field(default_factory=list)
+    # why the target could not be examined at all (unreachable, refused the identity call): no check ran
+    setup_error: str | None = None
 
     def count(self, status: str) -> int:
         return sum(r.status == status for r in self.results)

@@ -95,6 +95,10 @@ async def run_suite_async(target: str, model: str | None = None, destructive: bo
                       long_metadata=dict(long_metadata or {}), check_timeout_s=check_timeout_s, **transport)
     suite = Suite(target, model, options)
     await suite.open()
+    if suite.setup_error:  # nothing can be checked: one error, not one failure per check
+        await suite.close()
+        suite.report.setup_error = suite.setup_error
+        return suite.report
     try:
         for c in select(all_checks(), only):
             res = await suite.run_check(c)
