@@ -89,7 +89,7 @@ def mutation(session: nox.Session) -> None:
     """Mutation testing of the conformance suite: each single-violation mutant of our own server
     (tests/mutants/catalog.py) is served on the fake engine and checked with the whole suite on both
     surfaces; prints the mutation score and the survivors with why they cannot be seen from outside.
-    Fails below 90% killed or on a survivor the catalog does not expect. ~10 min on 2 cores; not in
+    Fails below 90% killed or on a survivor the catalog does not expect. ~14 min on 2 cores; not in
     the per-commit run (the unit suite runs a smoke subset: tests/test_mutation_smoke.py).
     ``nox -s mutation -- --only 'v0_1.*' --jobs 1`` narrows it."""
     session.install("-e", ".[test]")
