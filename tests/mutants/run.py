@@ -109,6 +109,8 @@ def run_one(mutant: str, target: str, flags: list[str], only: str | None = None)
         finally:
             _stop(proc)
         if not report.exists():
+            if run.returncode == 2 and "cannot examine" in run.stderr:  # the suite refused the target outright
+                return Outcome(mutant, True, [run.stderr.strip()[-300:]], seconds=time.monotonic() - start)
             return Outcome(mutant, False, error=f"no report: {run.stdout[-1000:]}{run.stderr[-2000:]}",
                            seconds=time.monotonic() - start)
         data = json.loads(report.read_text())
