@@ -248,3 +248,20 @@ def test_plain_run_says_what_it_skips_and_which_flag_runs_it(tmp_path_factory):
     for name, flag in flags.items():
         assert any(name in names and how.startswith(flag) for how, names in groups.items()), (name, groups)
     assert "Skipped checks, by what would run them:" in table and "--lora-dir" in table
+
+
+@pytest.mark.parametrize("contract", ["revision-1", "v0.1.0"])
+async def test_task_only_model(serve, contract):
+    """An embedding/classifier/scorer model on an engine that cannot generate: the task checks run, every
+    generation check skips for that reason, and Generate's refusal is checked (no extra flag needed)."""
+    from fake_backend import ALL_FEATURES
+
+    from openengine_adapters.types import Feature
+
+    async with serve(cards=[default_card(generation=None)], features=ALL_FEATURES - {Feature.GENERATE}) as h:
+        report = await run_suite_async(h.target, check_timeout_s=20, contract=contract)
+    assert not report.failures(), {r.name: r.reason for r in report.failures()}
+    assert report.get("generate.refused_on_task_only_model").status == "pass"
+    if contract == "revision-1":
+        assert report.get("tasks.embed_basic").status == "pass"
+    assert "no generation capabilities" in report.get("generate.stream_contract").reason
