@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import errno
 import logging
 import os
 import signal
@@ -69,6 +71,7 @@ class ServerConfig(BaseModel):
     metrics: bool = False  # our Prometheus metrics in the default registry (the engine's /metrics in plugin mode)
     metrics_port: int | None = Field(None, ge=0, le=65535)  # a sidecar serves that registry here
     security: SecurityConfig = SecurityConfig()  # TLS, keys, operator policy, reflection, LoRA root
+    reuse_port: bool = False  # SO_REUSEPORT: off, so a second server on a busy port fails instead of sharing it
 
 
 def resolve_advertise_host(bind_host: str, flag: str | None) -> str:
@@ -93,6 +96,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     d = ServerConfig()
     group.add_argument("--host", default=d.host, help="address to bind the gRPC server to")
     group.add_argument("--port", type=int, default=d.port, help="gRPC port (0 picks a free one)")
+    group.add_argument("--reuse-port", action="store_true",
+                       help="set SO_REUSEPORT so several servers share the port (off: a busy port is an error, "
+                            "found before the engine starts)")
     group.add_argument("--advertise-host", default=None,
                        help=f"host published in discovery responses (else ${ADVERTISE_HOST_ENV}, "
                             "else auto-detected for wildcard binds)")
@@ -141,7 +147,70 @@ def server_config_from_args(ns: argparse.Namespace) -> ServerConfig:
         surfaces=parse_surfaces(ns.surfaces), coalesce_max_delay_ms=ns.coalesce_max_delay_ms,
         security=security_from_args(ns), metrics=ns.metrics_port is not None, metrics_port=ns.metrics_port,
         max_subscriptions=ns.max_subscriptions,
+        reuse_port=getattr(ns, "reuse_port", False),
     )
+
+
+class PortInUse(OSError):
+    """The gRPC port cannot be bound (another server listens there)."""
+
+
+def _port_message(host: str, port: int, reason: str) -> str:
+    return (f"cannot serve gRPC on {host}:{port}: {reason}; stop the other server, choose another --port, "
+            "or pass --reuse-port to share the port")
+
+
+class PortReservation:
+    """The gRPC address bound (not listening) before the engine starts: a busy port is found in a
+    second, and port 0 is resolved to the port the server will then bind."""
+
+    def __init__(self, host: str, requested_port: int, port: int, sockets: list[socket.socket]) -> None:
+        self.host, self.requested_port, self.port, self._sockets = host, requested_port, port, sockets
+
+    def release(self) -> None:
+        for s in self._sockets:
+            s.close()
+        self._sockets = []
+
+
+def reserve_port(host: str, port: int, reuse_port: bool = False) -> PortReservation:
+    """Bind ``host:port`` the way the gRPC server will (SO_REUSEADDR, every resolved address); raise
+    ``PortInUse`` when a server already listens there. With ``reuse_port`` sharing is asked for:
+    nothing to check. Release it right before the server binds."""
+    if reuse_port:
+        return PortReservation(host, port, port, [])
+    bind_host = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(bind_host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise PortInUse(_port_message(host, port, f"cannot resolve {host!r} ({exc.strerror})")) from None
+    sockets: list[socket.socket] = []
+    bound = port
+    errors: list[OSError] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys((i[0], i[1], i[2], i[3], i[4]) for i in infos):
+            s = socket.socket(family, kind, proto)
+            try:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6 and bind_host in ("::", ""):
+                    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                s.bind((address[0], bound, *address[2:]))
+            except OSError as exc:
+                s.close()
+                if exc.errno == errno.EADDRINUSE:
+                    raise PortInUse(_port_message(host, port, "the address is already in use")) from None
+                errors.append(exc)
+                continue
+            sockets.append(s)
+            bound = s.getsockname()[1]  # port 0: every further address gets the same port
+        if not sockets:
+            reason = errors[0].strerror if errors else "no address to bind"
+            raise PortInUse(_port_message(host, port, reason))
+    except BaseException:
+        for s in sockets:
+            s.close()
+        raise
+    return PortReservation(host, port, bound, sockets)
 
 
 class OpenEngineServer:
@@ -167,6 +236,7 @@ class OpenEngineServer:
         self.grpc_server = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.max_send_message_length", limit),
             ("grpc.max_receive_message_length", limit),
+            ("grpc.so_reuseport", 1 if config.reuse_port else 0),
         ])
         self.grpc_health = health.aio.HealthServicer()
         self.service.health.grpc_health = self.grpc_health
@@ -190,16 +260,20 @@ class OpenEngineServer:
         self._monitor: asyncio.Task | None = None
 
     async def start(self) -> OpenEngineServer:
-        await self.service.start()
-        self.port = self.security.bind(self.grpc_server, f"{self.config.host}:{self.config.port}")
+        """Bind the port first (``PortInUse`` if taken), then start the service and serve. Whoever
+        called ``start`` says that it listens (``ready_line``): the launcher's ``run`` or the plugin."""
+        try:
+            self.port = self.security.bind(self.grpc_server, f"{self.config.host}:{self.config.port}")
+        except RuntimeError:  # grpcio raises on a failed bind (older releases returned 0)
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"cannot bind {self.config.host}:{self.config.port}")
+            raise PortInUse(_port_message(self.config.host, self.config.port,
+                                          "the address is already in use or cannot be bound"))
+        await self.service.start()
         await self.grpc_server.start()
         await self.service.health.refresh()
         self._monitor = asyncio.ensure_future(
             self.service.health.monitor(self.config.health_interval_s))
-        log.info("OpenEngine gRPC serving %s on %s:%d", self.service.identity.engine_name,
-                 self.config.host, self.port)
         for line in self.security.describe():
             log.info("security: %s", line)
         if self.config.metrics_port is not None:
@@ -207,11 +281,35 @@ class OpenEngineServer:
             log.info("Prometheus metrics on http://%s:%d/metrics", self.config.host, port)
         return self
 
-    async def stop(self, grace_s: float | None = None) -> None:
-        """Drain (stop accepting, finish or abort after the grace), then stop serving."""
+    def ready_line(self) -> str:
+        """The one line that says the server listens (tests and tools read the port off its end)."""
+        try:
+            models = ", ".join(card.names[0] for card in self.service.backend.models())
+        except Exception:  # a description only
+            models = ""
+        what = self.service.identity.engine_name + (f": {models}" if models else "")
+        return f"OpenEngine gRPC server ({what}) ready on {self.config.host}:{self.port}"
+
+    async def stop(self, grace_s: float | None = None, force: asyncio.Event | None = None) -> None:
+        """Drain (stop accepting, finish or abort after the grace), then stop serving. ``force``
+        set during the drain (a second Ctrl-C) aborts what is left at once."""
         grace = self.config.drain_grace_s if grace_s is None else grace_s
         try:
-            await self.service.drain_and_stop(grace)
+            drain = asyncio.ensure_future(self.service.drain_and_stop(grace))
+            forced = asyncio.ensure_future(force.wait()) if force is not None else None
+            try:
+                await asyncio.wait({drain} | ({forced} if forced else set()), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if forced is not None:
+                    forced.cancel()
+            if not drain.done():
+                drain.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await drain
+                with contextlib.suppress(asyncio.TimeoutError):  # abort now; never wait long for it
+                    await asyncio.wait_for(self.service.drain_and_stop(0), 5.0)
+            else:
+                drain.result()
         finally:  # whatever the drain did, the server and the engine are stopped
             try:
                 await self.grpc_health.enter_graceful_shutdown()
@@ -226,14 +324,29 @@ class OpenEngineServer:
 
 
 async def run(backend: EngineBackend, config: ServerConfig) -> None:
-    """Serve until SIGTERM/SIGINT, then drain and stop."""
-    server = await OpenEngineServer(backend, config).start()
-    stop = asyncio.Event()
+    """Serve until SIGINT/SIGTERM, then drain and stop; the same signal again aborts the requests
+    still running at once (uvicorn's and ``vllm serve``'s second Ctrl-C). The engine is shut down
+    whatever happens, a failed bind included."""
+    try:
+        server = await OpenEngineServer(backend, config).start()
+    except BaseException:
+        await backend.shutdown()
+        raise
+    stop, force = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+
+    def on_signal(sig: signal.Signals) -> None:
+        if not stop.is_set():
+            log.info("%s: draining for up to %.0f s (send it again to abort the remaining requests now)",
+                     sig.name, config.drain_grace_s)
+            stop.set()
+        elif not force.is_set():
+            log.warning("%s again: aborting the remaining requests now", sig.name)
+            force.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
     loop.add_signal_handler(signal.SIGHUP, server.security.reload)  # re-read the TLS certificate
-    print(f"OpenEngine gRPC server ready on {config.host}:{server.port}", flush=True)
+    print(server.ready_line(), flush=True)
     await stop.wait()
-    log.info("signal received: draining for up to %.1f s", config.drain_grace_s)
-    await server.stop()
+    await server.stop(force=force)

@@ -5,33 +5,53 @@ the OpenEngine gRPC server's (``add_server_args``). Everything else is SGLang's 
 (``--model-path``, ``--disaggregation-mode``, ``--kv-events-config``, ``--enable-lora`` ...).
 
 Without ``--model-path`` it serves a tiny demo Llama with RANDOM weights that it builds locally
-(no download), so the protocol can be tried on a CPU machine in one command.
+(no download), so the protocol can be tried on a CPU machine in one command; its KV cache is
+capped (``--max-total-tokens``) so that it fits next to other work. Any flag given wins.
+
+SGLang's KV-event publisher is on by default, on a private loopback endpoint, so
+``SubscribeKvEvents`` works out of the box (``--no-kv-events`` turns it off; an explicit
+``--kv-events-config`` replaces it and is advertised by ``GetKvEventSources``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
+import sys
 from pathlib import Path
 
+from openengine_adapters import launcher
 from openengine_adapters.server import add_server_args, run, server_config_from_args
 
+PROG = "python -m openengine_adapters.sglang"
 DEMO_DIR = Path(os.environ.get("OPENENGINE_DEMO_MODEL_DIR",
                                Path.home() / ".cache" / "openengine-adapters" / "demo-llama"))
 # SGLang's own defaults for the two flags this sidecar takes over.
 SGLANG_HTTP_DEFAULTS = {"host": "127.0.0.1", "port": 30000}
+DEMO_MAX_TOTAL_TOKENS = 16384  # SGLang would fill most of the free memory with KV cache (15 GB here)
+OUR_GROUPS = ("OpenEngine server", "OpenEngine SGLang adapter", "OpenEngine security")
+
+
+def engine_version() -> str | None:
+    return launcher.distribution_version("sglang")
 
 
 def build_parser() -> argparse.ArgumentParser:
     from sglang.srt.server_args import ServerArgs
 
     parser = argparse.ArgumentParser(
-        prog="python -m openengine_adapters.sglang", conflict_handler="resolve",
-        description="Serve an SGLang engine over the OpenEngine gRPC contract (openengine.v1). "
-                    "Accepts SGLang's server arguments unchanged (--host/--port are the gRPC server's).")
+        prog=PROG, conflict_handler="resolve", usage=f"{PROG} [OpenEngine flags] [SGLang server flags]",
+        description="Serve an SGLang engine over the OpenEngine gRPC contract (openengine.v1). Accepts SGLang's "
+                    "server arguments unchanged (--host/--port are the gRPC server's). Without --model-path this "
+                    "serves a tiny demo Llama with RANDOM weights (built under $OPENENGINE_DEMO_MODEL_DIR, default "
+                    "~/.cache/openengine-adapters/demo-llama; no download) on port 50051 with "
+                    f"--max-total-tokens {DEMO_MAX_TOTAL_TOKENS} (SGLang would otherwise fill most of the free "
+                    "memory with KV cache); any flag given wins.")
     ServerArgs.add_cli_args(parser)
+    parser._optionals.title = "SGLang server arguments (SGLang's own, unchanged)"
     add_server_args(parser)  # resolves --host/--port to ours
     group = parser.add_argument_group("OpenEngine SGLang adapter")
     group.add_argument("--openengine-max-top-n", type=int, default=20, help="largest top-n logprob candidates")
@@ -39,10 +59,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="largest num_sequences (each output is one SGLang request)")
     group.add_argument("--openengine-runtime-event-poll-s", type=float, default=0.05,
                        help="get_loads poll period behind SubscribeRuntimeEvents (BATCH/QUEUE); 0 turns them off")
+    group.add_argument("--kv-events", action=argparse.BooleanOptionalAction, default=True,
+                       help="turn SGLang's KV-event publisher on, on a private loopback endpoint, so "
+                            "SubscribeKvEvents works (it is not advertised by GetKvEventSources; an explicit "
+                            "--kv-events-config replaces it and is advertised)")
+    launcher.add_version_flag(group, "sglang", engine_version())
     for action in parser._actions:
         if action.dest == "model_path":
             action.required = False
             action.default = None
+            action.help = "model name or path (default: a tiny random-weight demo model, see above)"
+    launcher.ours_first(parser, OUR_GROUPS)
     return parser
 
 
@@ -56,39 +83,70 @@ def server_args_from(ns: argparse.Namespace):
     return ServerArgs.from_cli_args(sg)
 
 
-def demo_defaults(ns: argparse.Namespace) -> None:
-    """No --model-path: build and serve the random-weight demo model, sized for a CPU."""
+def demo_defaults(ns: argparse.Namespace, argv: list[str]) -> None:
+    """No --model-path: build and serve the random-weight demo model, sized for a small shared machine."""
     from openengine_adapters.demo_model import build_tiny_llama
 
     path = build_tiny_llama(DEMO_DIR)
     ns.model_path = str(path)
     if ns.served_model_name is None:
         ns.served_model_name = "demo-llama"
+    if not launcher.flag_given(argv, "--max-total-tokens", "--mem-fraction-static"):
+        ns.max_total_tokens = DEMO_MAX_TOTAL_TOKENS
     logging.getLogger(__name__).warning(
         "no --model-path given: serving the demo model at %s (RANDOM weights, output is gibberish)", path)
 
 
-async def serve(ns: argparse.Namespace, server_args) -> None:
+def default_kv_events(ns: argparse.Namespace, argv: list[str]) -> bool:
+    """SGLang's ZMQ KV-event publisher on a private loopback endpoint, unless configured or refused.
+    True when it was turned on here (then it is not advertised)."""
+    if not ns.kv_events or ns.kv_events_config or launcher.flag_given(argv, "--kv-events-config") \
+            or getattr(ns, "disable_radix_cache", False):
+        return False
+    endpoint, replay = launcher.loopback_endpoints(ranks=max(1, getattr(ns, "dp_size", 1) or 1))
+    ns.kv_events_config = json.dumps({"publisher": "zmq", "endpoint": endpoint, "replay_endpoint": replay,
+                                      "topic": "kv"})
+    return True
+
+
+async def serve(ns: argparse.Namespace, server_args, reservation, advertise_kv_events: bool) -> None:
     from openengine_adapters.sglang.backend import SglangOptions
     from openengine_adapters.sglang.engine import create_engine, start_backend
 
-    config = server_config_from_args(ns)
     names = (server_args.served_model_name,) if server_args.served_model_name else ()
     options = SglangOptions(served_model_names=names, max_top_n=ns.openengine_max_top_n,
                             max_num_sequences=ns.openengine_max_num_sequences,
                             advertise_host=ns.advertise_host,
-                            runtime_event_poll_s=ns.openengine_runtime_event_poll_s)
-    engine = create_engine(server_args)  # on this loop's thread: the tokenizer manager binds to it
-    await run(start_backend(engine, options), config)
+                            runtime_event_poll_s=ns.openengine_runtime_event_poll_s,
+                            advertise_kv_events=advertise_kv_events)
+    try:
+        engine = create_engine(server_args)  # on this loop's thread: the tokenizer manager binds to it
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        raise launcher.StartupFailed(f"the SGLang engine failed to start: {type(exc).__name__}: {exc}") from exc
+    backend = start_backend(engine, options)
+    if reservation is not None:
+        reservation.release()
+        ns.port = reservation.port  # port 0: the one reserved
+    await run(backend, server_config_from_args(ns))
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    launcher.handle_version(argv, "sglang", engine_version())
     os.environ.pop("OPENENGINE_GRPC_PORT", None)  # the plugin must not start a second server in here
-    ns = build_parser().parse_args(argv)
-    if ns.model_path is None:
-        demo_defaults(ns)
-    asyncio.run(serve(ns, server_args_from(ns)))
+    with launcher.startup("SGLang"):
+        reservation = launcher.check_port_early(launcher.early_server_args(argv))
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        ns = build_parser().parse_args(argv)
+        reservation = launcher.recheck_port(reservation, ns)
+        launcher.check_model_path(ns.model_path, "--model-path")
+        if ns.model_path is None:
+            demo_defaults(ns, argv)
+        private_kv_events = default_kv_events(ns, argv)
+        server_args = server_args_from(ns)
+        asyncio.run(serve(ns, server_args, reservation, advertise_kv_events=not private_kv_events))
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ class SglangOptions:
     max_open_sessions: int = 4096         # handed-off prefill sessions remembered for Abort(kv_session)
     advertise_host: str | None = None     # host put in KV sessions / event sources (else auto)
     runtime_event_poll_s: float = 0.05    # get_loads poll period of SubscribeRuntimeEvents (0 = off)
+    advertise_kv_events: bool = True      # False: a private KV-event publisher, bridged but not advertised
 
 
 def _arg(server_args: Any, name: str, default: Any = None) -> Any:
@@ -136,7 +137,8 @@ class SglangBackend(be.EngineBackend):
             if tasks is not None and getattr(tasks, name) is not None:
                 features.add(feature)
         if self._kv_publishers:
-            features |= {Feature.KV_EVENTS, Feature.KV_EVENT_SOURCES}
+            features |= {Feature.KV_EVENTS, Feature.KV_EVENT_SOURCES} if options.advertise_kv_events \
+                else {Feature.KV_EVENTS}
         self.features = frozenset(features)
 
     @classmethod

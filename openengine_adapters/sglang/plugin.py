@@ -24,6 +24,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import sys
 
 log = logging.getLogger(__name__)
 
@@ -33,16 +34,30 @@ MAX_IN_FLIGHT_ENV = "OPENENGINE_MAX_IN_FLIGHT"
 DRAIN_GRACE_ENV = "OPENENGINE_DRAIN_GRACE_S"
 
 _installed = False
+_warned = False
 
 
 def enabled() -> bool:
     return bool(os.environ.get(PORT_ENV))
 
 
+def _in_sglang_server() -> bool:
+    """Whether this process is SGLang's own server (``sglang serve``, ``python -m sglang.launch_server``),
+    not an ``Engine`` made elsewhere (our sidecar, a test, a notebook)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return (spec is not None and spec.name.startswith("sglang.")) or os.path.basename(sys.argv[0]) == "sglang"
+
+
 def register() -> None:
     """SGLang's plugin hook: wrap ``sglang serve``'s app lifespan (main process, when enabled)."""
-    global _installed
-    if _installed or not enabled() or multiprocessing.current_process().name != "MainProcess":
+    global _installed, _warned
+    if _installed or multiprocessing.current_process().name != "MainProcess":
+        return
+    if not enabled():
+        if not _warned and _in_sglang_server():
+            _warned = True
+            log.warning("the openengine plugin is installed but %s is not set: no OpenEngine gRPC server "
+                        "(set %s=50051 to serve one on this engine)", PORT_ENV, PORT_ENV)
         return
     from sglang.srt.entrypoints import http_server
 
@@ -89,5 +104,5 @@ async def start_server(global_state, server_args=None):
         engine_api_keys=[k for k in (getattr(server_args, "api_key", None),) if k],
         engine_admin_api_keys=[k for k in (getattr(server_args, "admin_api_key", None),) if k])
     server = await OpenEngineServer(backend, config).start()
-    log.info("OpenEngine gRPC serving the SGLang engine on %s:%d", config.host, server.port)
+    log.info("%s", server.ready_line())
     return server

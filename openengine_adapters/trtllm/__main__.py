@@ -9,16 +9,33 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import logging
+import sys
 
+from openengine_adapters import launcher
 from openengine_adapters.server import add_server_args, run, server_config_from_args
 from openengine_adapters.trtllm.engine import ROLES
 
+PROG = "python -m openengine_adapters.trtllm"
+OUR_GROUPS = ("OpenEngine server", "OpenEngine adapter", "OpenEngine security")
+
+
+def engine_version() -> str | None:
+    """The installed TensorRT-LLM's version: its distribution's, else the module's own (no metadata)."""
+    version = launcher.distribution_version("tensorrt_llm", "tensorrt-llm")
+    if version is None and importlib.util.find_spec("tensorrt_llm") is not None:
+        import tensorrt_llm
+
+        version = getattr(tensorrt_llm, "__version__", None) or "(version unknown)"
+    return version
+
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m openengine_adapters.trtllm",
+    p = argparse.ArgumentParser(prog=PROG, usage=f"{PROG} [OpenEngine flags] [trtllm-serve flags] MODEL",
                                 description="Serve a TensorRT-LLM engine over the OpenEngine gRPC contract "
                                             "(openengine.v1). Engine flags follow trtllm-serve.")
+    p._optionals.title = "TensorRT-LLM engine (trtllm-serve's flags)"
     p.add_argument("model_path", nargs="?", default=None, help="model name, HF checkpoint or engine directory")
     p.add_argument("--model", dest="model_flag", default=None, help="same as the positional model")
     p.add_argument("--tokenizer", default=None)
@@ -50,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--served_model_name", nargs="*", default=None)
     o.add_argument("--max_logprobs", type=int, default=20, help="top-k cap for prompt and output logprobs")
     o.add_argument("--max_num_sequences", type=int, default=None, help="cap on num_sequences (n)")
+    launcher.add_version_flag(o, "tensorrt_llm", engine_version())
     add_server_args(p)
+    launcher.ours_first(p, OUR_GROUPS)
     return p
 
 
@@ -65,16 +84,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ns
 
 
-async def serve(ns: argparse.Namespace) -> None:
+async def serve(ns: argparse.Namespace, reservation=None) -> None:
     from openengine_adapters.trtllm.engine import start_backend
 
-    backend = await start_backend(ns)
+    try:
+        backend = await start_backend(ns)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        raise launcher.StartupFailed(f"the TensorRT-LLM engine failed to start: {type(exc).__name__}: {exc}") \
+            from exc
+    if reservation is not None:
+        reservation.release()
+        ns.port = reservation.port  # port 0: the one reserved
     await run(backend, server_config_from_args(ns))
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(serve(parse_args(argv)))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    launcher.handle_version(argv, "tensorrt_llm", engine_version())
+    with launcher.startup("TensorRT-LLM"):
+        reservation = launcher.check_port_early(launcher.early_server_args(argv))
+        ns = parse_args(argv)
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        reservation = launcher.recheck_port(reservation, ns)
+        launcher.check_model_path(ns.model, "model")
+        asyncio.run(serve(ns, reservation))
 
 
 if __name__ == "__main__":

@@ -82,7 +82,7 @@ class VllmBackend(be.EngineBackend):
 
     def __init__(self, engine, supported_tasks: Sequence[str], *, role: EngineRole,
                  served_model_names: Sequence[str] = (), stats: StatsCollector | None = None,
-                 version: str = "", owns_engine: bool = False) -> None:
+                 version: str = "", owns_engine: bool = False, advertise_kv_events: bool = True) -> None:
         self.engine = engine
         self.owns_engine = owns_engine
         self.role = role
@@ -115,8 +115,8 @@ class VllmBackend(be.EngineBackend):
                 features.add(feature)
         self._kv_publishers = self._kv_event_publishers()
         self._kv_bridge = None
-        if self._kv_publishers:
-            features |= {Feature.KV_EVENTS, Feature.KV_EVENT_SOURCES}
+        if self._kv_publishers:  # a private publisher (the sidecar's default) is bridged, not advertised
+            features |= {Feature.KV_EVENTS, Feature.KV_EVENT_SOURCES} if advertise_kv_events else {Feature.KV_EVENTS}
         self.features = frozenset(features)
 
     @classmethod

@@ -18,10 +18,11 @@ def prepare_environment() -> None:
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 
-async def start_backend(ns_or_args, role: EngineRole | None = None):
+async def start_backend(ns_or_args, role: EngineRole | None = None, *, advertise_kv_events: bool = True):
     """An ``AsyncLLM`` from parsed CLI flags (or ``AsyncEngineArgs``) wrapped in a VllmBackend.
 
-    ``role`` None: PREFILL/DECODE when the KV connector's kv_role is producer/consumer."""
+    ``role`` None: PREFILL/DECODE when the KV connector's kv_role is producer/consumer.
+    ``advertise_kv_events`` False: the KV-event publisher is private (GetKvEventSources is not offered)."""
     prepare_environment()
     import vllm
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -46,7 +47,8 @@ async def start_backend(ns_or_args, role: EngineRole | None = None):
     try:
         # vLLM's model config keeps only the first served name; the rest are our aliases
         return await VllmBackend.create(engine, role=role, stats=stats, version=vllm.__version__,
-                                        owns_engine=True, served_model_names=names)
+                                        owns_engine=True, served_model_names=names,
+                                        advertise_kv_events=advertise_kv_events)
     except BaseException:
         engine.shutdown()
         raise

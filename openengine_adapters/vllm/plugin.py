@@ -29,6 +29,13 @@ from openengine_adapters.vllm.stats import SHARED
 
 log = logging.getLogger(__name__)
 
+
+def _vllm_log() -> logging.Logger:
+    """A logger under ``vllm``: vLLM configures only its own loggers, so ours would print nothing."""
+    from vllm.logger import init_logger
+
+    return init_logger("vllm.openengine")
+
 PORT_ENV = "OPENENGINE_GRPC_PORT"
 HOST_ENV = "OPENENGINE_GRPC_HOST"
 MAX_IN_FLIGHT_ENV = "OPENENGINE_MAX_IN_FLIGHT"
@@ -62,15 +69,25 @@ class OpenEnginePlugin:
                     yield state
                 finally:
                     if self.server is not None:
-                        await self.server.stop(float(os.environ.get(DRAIN_GRACE_ENV, "30")))
+                        await self.server.stop(self._grace(getattr(app_.state, "engine_client", None)))
                         self.server = None
 
         app.router.lifespan_context = lifespan
 
+    @staticmethod
+    def _grace(engine_client) -> float:
+        """The drain grace on shutdown: none once vLLM has stopped its engine (its default
+        ``--shutdown-timeout 0`` aborts everything first): nothing is left to finish."""
+        if engine_client is not None and (getattr(engine_client, "errored", False)
+                                          or not getattr(engine_client, "is_running", True)):
+            return 0.0
+        return float(os.environ.get(DRAIN_GRACE_ENV, "30"))
+
     async def init_state(self, engine_client, state, args) -> None:
         if engine_client is None or not enabled():
             if engine_client is not None:
-                log.info("openengine plugin loaded; set %s to start the gRPC server", PORT_ENV)
+                _vllm_log().warning("the openengine plugin is loaded but %s is not set: no OpenEngine gRPC "
+                                    "server (set %s=50051 to serve one on this engine)", PORT_ENV, PORT_ENV)
             return
         import vllm
 
@@ -92,4 +109,4 @@ class OpenEnginePlugin:
             engine_lora_root=os.environ.get("VLLM_LORA_RESOLVER_CACHE_DIR") or None)
         self.server = await OpenEngineServer(backend, config).start()
         state.openengine_server = self.server
-        log.info("OpenEngine gRPC serving the vLLM engine on %s:%d", config.host, self.server.port)
+        _vllm_log().info("%s", self.server.ready_line())

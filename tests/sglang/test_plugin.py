@@ -58,6 +58,9 @@ async def test_grpc_inside_sglang_http_server(model_dir):
             responses = await collect(stub, r, timeout=60)
             assert responses[-1].finished.reason == g.FINISH_REASON_LENGTH
             assert responses[-1].usage.completion_tokens == 4
+            ready = [line for line in lines if "OpenEngine gRPC server" in line]  # one line says it listens
+            assert len(ready) == 1 and ready[0].rstrip().endswith(
+                f"OpenEngine gRPC server (sglang: tiny) ready on 127.0.0.1:{grpc_port}"), ready
             # v0.1.0 (Inference + Control) on the same port, checked by an unmodified v0.1.0 client
             await run_v0_1_client(f"127.0.0.1:{grpc_port}", "--model", "tiny", "--expect-engine", "sglang")
     finally:

@@ -1,0 +1,303 @@
+"""What the engine launchers (``python -m openengine_adapters.<engine>``) share around their engine.
+
+- ``--version``: ours, the engine's and the schema releases, without importing the engine.
+- ``--help``: our flag groups first (``ours_first``), the engine's own flags after them.
+- The gRPC port is checked before the engine starts (``check_port_early``), so a busy port fails in
+  a second instead of after a minute of engine start-up.
+- A model path that does not exist is said as such before the engine starts (``check_model_path``).
+- ``startup``: SIGINT/SIGTERM/SIGHUP during start-up stop the engine's processes and end the
+  launcher with one line, no tracebacks; an engine that fails to start ends with one line too.
+- ``detach_engine_processes``: the engine processes a launcher spawns start in their own process
+  group, so a Ctrl-C reaches the launcher alone, which drains and then stops its engine (as uvicorn
+  does for its workers) instead of the engine aborting everything at once under it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import logging
+import os
+import re
+import signal
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+
+from openengine_adapters import schema
+
+log = logging.getLogger("openengine_adapters.launcher")
+
+# Signals that end a launcher: Ctrl-C, a service manager's stop, a closed terminal.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class StartupFailed(Exception):
+    """The engine did not start; the message is the one line the launcher ends with."""
+
+
+# --------------------------------------------------------------------------------------------
+# --version
+
+
+def distribution_version(*names: str) -> str | None:
+    """The installed version of the first of ``names`` that is installed (no import)."""
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def version_text(engine: str, engine_version: str | None) -> str:
+    """``--version``: this package, the engine, and the schema release of every surface served."""
+    lines = [f"openengine-adapters {distribution_version('openengine-adapters') or 'unknown'}",
+             f"{engine} {engine_version or 'not installed'}",
+             f"openengine.v1 revision {schema.SCHEMA_REVISION} (service openengine.v1.OpenEngine): "
+             f"schema_release {schema.SCHEMA_RELEASE}"]
+    v0_1 = getattr(schema, "V0_1_SCHEMA_RELEASE", None)
+    if v0_1:
+        tag = getattr(schema, "V0_1_GIT_TAG_COMMIT", None)
+        lines.append(f"openengine.v1 v0.1.0 (services openengine.v1.Inference, openengine.v1.Control): "
+                     f"schema_release {v0_1}" + (f" (git tag v0.1.0 = {tag})" if tag else ""))
+    return "\n".join(lines)
+
+
+def handle_version(argv: Sequence[str], engine: str, engine_version: str | None) -> None:
+    """Print ``--version`` and exit, before any engine import (argparse would need the engine's flags)."""
+    if "--version" in argv:
+        print(version_text(engine, engine_version))
+        raise SystemExit(0)
+
+
+def add_version_flag(group, engine: str, engine_version: str | None) -> None:
+    """``--version`` as a listed flag (``handle_version`` answers it before the parser exists)."""
+    group.add_argument("--version", action="version", version=version_text(engine, engine_version),
+                       help="print this package's, the engine's and the schema releases' versions, then exit")
+
+
+# --------------------------------------------------------------------------------------------
+# argv helpers
+
+
+def flag_given(argv: Sequence[str], *flags: str, underscores: bool = False) -> bool:
+    """Whether any of ``flags`` (``--name``) is on the command line, as ``--name`` or ``--name=...``
+    (``underscores``: also ``--na_me``, as vLLM's parser accepts)."""
+    wanted = set(flags)
+    for arg in argv:
+        if not arg.startswith("--"):
+            continue
+        name = arg.split("=", 1)[0]
+        if underscores:
+            name = "--" + name[2:].replace("_", "-")
+        if name in wanted:
+            return True
+    return False
+
+
+def early_server_args(argv: Sequence[str]) -> argparse.Namespace | None:
+    """``--host``/``--port``/``--reuse-port`` read before the engine is even imported, or None when
+    the command line asks for help (or these flags do not parse: the full parser will say why)."""
+    if any(a in ("-h", "--help") or a.startswith("--help=") for a in argv):
+        return None
+    from openengine_adapters.server import ServerConfig
+
+    d = ServerConfig()
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    p.add_argument("--host", default=d.host)
+    p.add_argument("--port", type=int, default=d.port)
+    p.add_argument("--reuse-port", action="store_true")
+    normalised = [("--" + a[2:].split("=", 1)[0].replace("_", "-") + a[len(a.split("=", 1)[0]):])
+                  if a.startswith("--") else a for a in argv]
+    try:
+        ns, _ = p.parse_known_args(normalised)
+    except (argparse.ArgumentError, SystemExit):
+        return None
+    return ns
+
+
+# --------------------------------------------------------------------------------------------
+# --help: our flags first
+
+
+def ours_first(parser: argparse.ArgumentParser, titles: Iterable[str]) -> None:
+    """Move our argument groups (by title) to the top of ``--help``, in the order given."""
+    titles = list(titles)
+    groups = {g.title: g for g in parser._action_groups}
+    ours = [groups[t] for t in titles if t in groups]
+    rest = [g for g in parser._action_groups if g not in ours]
+    parser._action_groups[:] = ours + rest
+
+
+# --------------------------------------------------------------------------------------------
+# the gRPC port, before the engine starts
+
+
+def check_port_early(ns: argparse.Namespace | None):
+    """Reserve (bind, not listen) the gRPC port before the engine starts; a busy port ends the
+    launcher here, with one line. Returns the reservation (release it right before serving)."""
+    if ns is None:
+        return None
+    from openengine_adapters.server import PortInUse, reserve_port
+
+    try:
+        return reserve_port(ns.host, ns.port, reuse_port=ns.reuse_port)
+    except PortInUse as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
+def recheck_port(reservation, ns: argparse.Namespace):
+    """After the full parse: the same reservation if host/port agree with the early read, else a new one."""
+    if reservation is not None and (reservation.host, reservation.requested_port) == (ns.host, ns.port):
+        return reservation
+    if reservation is not None:
+        reservation.release()
+    return check_port_early(argparse.Namespace(host=ns.host, port=ns.port,
+                                               reuse_port=getattr(ns, "reuse_port", False)))
+
+
+# --------------------------------------------------------------------------------------------
+# the model path
+
+
+_HUB_ID = re.compile(r"^[\w.\-]+(/[\w.\-]+)?$")
+
+
+def check_model_path(value: str | None, flag: str) -> None:
+    """A ``value`` that can only be a local path (absolute, ``./``, ``~``, or more than one ``/``)
+    must exist: say so now instead of letting the hub client call it an invalid repo id."""
+    if not value:
+        return
+    expanded = os.path.expanduser(value)
+    if os.path.exists(expanded):
+        return
+    if value.startswith(("/", "./", "../", "~", ".\\")) or os.path.isabs(value) or not _HUB_ID.match(value):
+        raise SystemExit(f"error: {flag} {value}: no such file or directory (a local model path must exist; "
+                         "a hub model is named ORG/NAME)")
+
+
+# --------------------------------------------------------------------------------------------
+# start-up: signals, children, one-line failures
+
+
+def detach_engine_processes() -> None:
+    """Start the processes that the engine spawns from here (multiprocessing's "spawn", what vLLM and
+    SGLang use for their engine cores, workers, schedulers) in their own process group, as the first
+    thing they do: a terminal's Ctrl-C (sent to the whole foreground group) then reaches the launcher
+    alone, which drains and stops its engine, as uvicorn and ``vllm serve`` do for their workers,
+    instead of the engine aborting everything under it (and printing a traceback per process)."""
+    import multiprocessing.spawn as spawn
+
+    original = spawn.get_command_line
+    if getattr(original, "openengine_detached", False):
+        return
+
+    def get_command_line(**kwds):
+        cmd = list(original(**kwds))
+        if "-c" in cmd[:-1]:
+            i = cmd.index("-c") + 1
+            cmd[i] = "import os; os.setpgid(0, 0); " + cmd[i]
+        return cmd
+
+    get_command_line.openengine_detached = True
+    spawn.get_command_line = get_command_line
+
+
+class StartupInterrupted(BaseException):
+    """A stop signal during start-up. Not a KeyboardInterrupt: engines swallow those in places
+    (vLLM's ``zmq_socket_ctx`` does, around its start-up handshake, and would wait on)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _interrupt_startup(signum, frame) -> None:
+    kill_engine_processes(wait=False)  # first, so that the engine's own clean-up finds them gone
+    raise StartupInterrupted(signum)
+
+
+def kill_engine_processes(wait: bool = True) -> None:
+    """SIGKILL every process this launcher started (the engine's, at start-up: nothing was served
+    yet), except multiprocessing's resource tracker, which then frees their shared memory."""
+    try:
+        import psutil  # a dependency of vLLM, SGLang and TensorRT-LLM
+    except ImportError:
+        return
+    me = psutil.Process()
+    victims = []
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "resource_tracker" in " ".join(child.cmdline()):
+                continue
+            victims.append(child)
+    for child in victims:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    if wait:
+        psutil.wait_procs(victims, timeout=5)
+
+
+@contextlib.contextmanager
+def startup(engine: str) -> Iterator[None]:
+    """The launcher's whole run: a stop signal before the server is up (``run`` takes the signals
+    over once it is) kills the engine's processes and exits 130 with one line; ``StartupFailed``
+    exits 1 with its line."""
+    previous = {sig: signal.signal(sig, _interrupt_startup) for sig in STOP_SIGNALS}
+    detach_engine_processes()
+    try:
+        yield
+    except (StartupInterrupted, KeyboardInterrupt) as exc:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the clean-up
+        kill_engine_processes()
+        name = signal.Signals(exc.signum).name if isinstance(exc, StartupInterrupted) else "SIGINT"
+        print(f"{name} during start-up: stopped the {engine} engine before it served", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
+    except StartupFailed as exc:
+        kill_engine_processes()
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    finally:
+        for sig, handler in previous.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(sig, handler)
+
+
+# --------------------------------------------------------------------------------------------
+# the engine's KV-event publisher on a private endpoint
+
+
+def _free_run(count: int, taken: set[int]) -> int:
+    """A loopback port P with P .. P+count-1 free now (engines offset the port by DP rank)."""
+    import socket
+
+    for _ in range(64):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        ports = range(base, base + count)
+        if base + count > 65535 or taken & set(ports):
+            continue
+        socks = []
+        try:
+            for port in ports[1:]:
+                t = socket.socket()
+                socks.append(t)
+                t.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for t in socks:
+                t.close()
+        taken.update(ports)
+        return base
+    raise OSError("no free loopback port range for the KV-event publisher")
+
+
+def loopback_endpoints(ranks: int = 1) -> tuple[str, str]:
+    """(publisher endpoint, replay endpoint) on 127.0.0.1, free for ``ranks`` DP ranks: reachable from
+    this host only, so they are used by this server's KV-event bridge and not advertised."""
+    taken: set[int] = set()
+    pub, replay = _free_run(ranks, taken), _free_run(ranks, taken)
+    return f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}"

@@ -1,0 +1,189 @@
+"""Running the launchers (``python -m openengine_adapters.<engine>``) as a user does, in tests.
+
+Each launcher runs in its own session, as a terminal's foreground job would (``start_new_session``):
+``ctrl_c`` sends SIGINT to its whole process group, as a terminal does. Its output is read in a
+thread (SGLang's uvloop policy has no child watcher for asyncio subprocesses).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+try:
+    import psutil  # in the engines' environments (a vLLM and SGLang dependency)
+except ImportError:  # the engine-free suite: its launchers start no engine processes
+    psutil = None
+
+ROOT = Path(__file__).resolve().parents[1]
+READY = re.compile(r"ready on .*:(\d+)$")
+
+
+def readme_command(engine: str) -> list[str]:
+    """The README's run command for ``engine``, verbatim (a line of a code block in "## Run" that is
+    ``python -m openengine_adapters.<engine>`` and nothing else but a comment), as an argv."""
+    text = (ROOT / "README.md").read_text()
+    run = text.split("\n## Run\n", 1)[1].split("\n## ", 1)[0]
+    wanted = f"python -m openengine_adapters.{engine}"
+    for block in re.findall(r"```bash\n(.*?)```", run, re.S):
+        for line in block.splitlines():
+            if line.split("#", 1)[0].strip() == wanted:
+                return [sys.executable, "-m", f"openengine_adapters.{engine}"]
+    raise AssertionError(f"README's Run section has no line `{wanted}`")
+
+
+def user_env(**extra: str) -> dict[str, str]:
+    """The environment of a user who followed the README: none of the test suites' engine knobs."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_TARGET_DEVICE", "OPENENGINE_GRPC_PORT")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env.update(extra)
+    return env
+
+
+class Launched:
+    """A launcher process in its own session; ``lines`` collects its output as it comes."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                     env=env if env is not None else user_env(), start_new_session=True,
+                                     cwd=str(ROOT))
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.port: int | None = None
+        self.children: list = []
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    async def wait_for(self, pattern: str, timeout: float) -> re.Match:
+        """The first output line matching ``pattern`` (fails if the process ends first)."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        seen = 0
+        while time.monotonic() < deadline:
+            while seen < len(self.lines):
+                if m := regex.search(self.lines[seen].rstrip("\n")):
+                    return m
+                seen += 1
+            if self.proc.poll() is not None and seen >= len(self.lines):
+                await asyncio.sleep(0.2)  # the reader may still hold the last lines
+                if seen >= len(self.lines):
+                    raise AssertionError(f"exited ({self.proc.returncode}) before {pattern!r}:\n{self.tail()}")
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"no {pattern!r} within {timeout:.0f} s:\n{self.tail()}")
+
+    async def ready(self, timeout: float = 600) -> str:
+        """Wait for the server's ready line; returns the loopback target. Records the engine's processes."""
+        m = await self.wait_for(READY.pattern, timeout)
+        self.port = int(m.group(1))
+        self.record_children()
+        return f"127.0.0.1:{self.port}"
+
+    def record_children(self) -> None:
+        """Remember the processes the launcher has started so far (``leftovers`` checks them)."""
+        if psutil is not None:
+            with contextlib.suppress(psutil.Error):
+                known = {p.pid for p in self.children}
+                self.children += [p for p in psutil.Process(self.proc.pid).children(recursive=True)
+                                  if p.pid not in known]
+
+    def ctrl_c(self) -> None:
+        """SIGINT to the launcher's whole process group, as a terminal's Ctrl-C."""
+        os.killpg(self.proc.pid, signal.SIGINT)
+
+    async def wait(self, timeout: float) -> int:
+        """The exit code (fails after ``timeout``)."""
+        try:
+            return await asyncio.to_thread(self.proc.wait, timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running after {timeout:.0f} s:\n{self.tail()}") from None
+
+    def leftovers(self) -> list:
+        """Processes the launcher started that are still alive (zombies aside)."""
+        alive = []
+        for p in self.children:
+            with contextlib.suppress(psutil.Error):
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+        return alive
+
+    def last_line_but_exit_notes(self) -> str:
+        """The last output line, past the notes engines print at exit on their own (multiprocessing's
+        resource tracker freeing shared memory, SGLang's atexit process-tree kill)."""
+        notes = ("resource_tracker", "warnings.warn(", "kill_process_tree called")
+        lines = [line.strip() for line in self.lines if line.strip() and not any(n in line for n in notes)]
+        return lines[-1] if lines else ""
+
+    def tail(self, n: int = 60) -> str:
+        return "".join(self.lines[-n:])
+
+    def kill(self) -> None:
+        """Clean-up after a failed test: the launcher's group and the processes it started."""
+        for p in self.leftovers():
+            with contextlib.suppress(Exception):
+                p.kill()
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+
+
+@contextlib.contextmanager
+def listening(host: str = "0.0.0.0", port: int = 0):
+    """A plain TCP listener (another server) on ``host:port``; yields its port."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a just-closed server's TIME_WAIT is no server
+        s.bind((host, port))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def port_is_free(port: int, host: str = "0.0.0.0") -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def run_quick(argv: list[str], env: dict[str, str] | None = None, timeout: float = 300) -> tuple[int, str, str, float]:
+    """(exit code, stdout, stderr, seconds) of a command that ends by itself."""
+    started = time.monotonic()
+    p = subprocess.run(argv, capture_output=True, text=True, env=env if env is not None else user_env(),
+                       timeout=timeout, cwd=str(ROOT))
+    return p.returncode, p.stdout, p.stderr, time.monotonic() - started
+
+
+def stderr_lines(stderr: str) -> list[str]:
+    """stderr without the noise engines print on import (warnings, Triton notices)."""
+    noise = ("Triton", "warnings.warn", "Warning:", "UserWarning", "Ignore import error")
+    return [line for line in stderr.splitlines() if line.strip() and not any(n in line for n in noise)]
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of a process and everything it started."""
+    root = psutil.Process(pid)
+    total = 0
+    for p in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            total += p.memory_info().rss
+    return total
