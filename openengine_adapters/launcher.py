@@ -36,6 +36,14 @@ class StartupFailed(Exception):
     """The engine did not start; the message is the one line the launcher ends with."""
 
 
+def one_line(exc: BaseException) -> str:
+    """``Type: message`` on one line (pydantic's multi-line validation errors included, without
+    their "For further information" links)."""
+    lines = [line.strip() for line in str(exc).splitlines()
+             if line.strip() and not line.strip().startswith("For further information")]
+    return f"{type(exc).__name__}: {' '.join(lines)}" if lines else type(exc).__name__
+
+
 # --------------------------------------------------------------------------------------------
 # --version
 

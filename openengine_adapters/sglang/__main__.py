@@ -124,7 +124,7 @@ async def serve(ns: argparse.Namespace, server_args, reservation, advertise_kv_e
     except (SystemExit, KeyboardInterrupt):
         raise
     except Exception as exc:
-        raise launcher.StartupFailed(f"the SGLang engine failed to start: {type(exc).__name__}: {exc}") from exc
+        raise launcher.StartupFailed(f"the SGLang engine failed to start: {launcher.one_line(exc)}") from exc
     backend = start_backend(engine, options)
     if reservation is not None:
         reservation.release()

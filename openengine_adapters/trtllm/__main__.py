@@ -92,8 +92,7 @@ async def serve(ns: argparse.Namespace, reservation=None) -> None:
     except (SystemExit, KeyboardInterrupt):
         raise
     except Exception as exc:
-        raise launcher.StartupFailed(f"the TensorRT-LLM engine failed to start: {type(exc).__name__}: {exc}") \
-            from exc
+        raise launcher.StartupFailed(f"the TensorRT-LLM engine failed to start: {launcher.one_line(exc)}") from exc
     if reservation is not None:
         reservation.release()
         ns.port = reservation.port  # port 0: the one reserved

@@ -183,7 +183,7 @@ def startup_failure(exc: Exception) -> str:
     if "Engine core initialization failed" in text or "WorkerProc initialization failed" in text:
         return ("the vLLM engine failed to start; its cause is the first ERROR logged above by EngineCore or "
                 "VllmWorker (on CPU usually memory: see --gpu-memory-utilization, --kv-cache-memory-bytes)")
-    return f"the vLLM engine failed to start: {type(exc).__name__}: {text}"
+    return f"the vLLM engine failed to start: {launcher.one_line(exc)}"
 
 
 def main(argv: list[str] | None = None) -> None:
