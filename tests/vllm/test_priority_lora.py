@@ -131,3 +131,15 @@ async def test_bad_adapter_is_refused_and_engine_survives(lora_engine, tmp_path)
     assert "bogus" not in [a.lora_name for a in listed.adapters]
     ok = g.GenerateRequest(prompt="The cat", stopping=g.StoppingOptions(max_tokens=2))
     check_generate_stream(ok, await collect(s.stub, ok, timeout=60))
+
+
+@pytest.mark.parametrize("contract", ["revision-1", "v0.1.0"])
+async def test_lora_conformance_with_a_loadable_adapter(lora_engine, adapter_dir, contract):
+    """The conformance suite's LoRA checks with ``--lora-dir`` on the real engine: load, idempotent reload,
+    ALREADY_EXISTS for a conflicting id, name or path, list, generate with it, unload, NOT_FOUND after."""
+    from conformance import run_suite_async
+
+    report = await run_suite_async(lora_engine.target, only="lora,generate.lora_name", lora_dir=str(adapter_dir),
+                                   check_timeout_s=120, contract=contract)
+    assert not report.failures(), {r.name: r.reason for r in report.failures()}
+    assert report.get("lora.lifecycle").status == "pass", report.get("lora.lifecycle")
