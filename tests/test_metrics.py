@@ -22,7 +22,8 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 @pytest.fixture
 def sidecar():
     proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "serve_fake.py"), "--host", "127.0.0.1",
-                             "--port", "0", "--metrics-port", "0", "--drain-grace-s", "1", "--coalesce-max-delay-ms", "20"],
+                             "--port", "0", "--metrics-port", "0", "--drain-grace-s", "1",
+                             "--coalesce-max-delay-ms", "20"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, text=True)
     ready = re.search(r"ready on .*:(\d+)", proc.stdout.readline())
     metrics = None

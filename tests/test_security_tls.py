@@ -184,7 +184,7 @@ async def test_conformance_cli_speaks_mtls_with_a_token(pki):
         run = await asyncio.to_thread(subprocess.run, [*base, *mtls], capture_output=True, text=True,
                                       env={k: v for k, v in ENV.items() if k != "OPENENGINE_API_KEY"},
                                       cwd=ROOT, timeout=120)
-        assert run.returncode != 0 and "UNAUTHENTICATED" in run.stdout, run.stdout + run.stderr
+        assert run.returncode != 0 and "UNAUTHENTICATED" in run.stdout + run.stderr, run.stdout + run.stderr
     finally:
         await stop_fake(proc)
 
