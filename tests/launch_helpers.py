@@ -44,7 +44,7 @@ def readme_command(engine: str) -> list[str]:
 def user_env(**extra: str) -> dict[str, str]:
     """The environment of a user who followed the README: none of the test suites' engine knobs."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_TARGET_DEVICE", "OPENENGINE_GRPC_PORT")}
+           if k not in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_TARGET_DEVICE", "VLLM_PLUGINS", "OPENENGINE_GRPC_PORT")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     env.update(extra)
     return env
