@@ -36,6 +36,8 @@ async def test_conformance_suite_on_sglang(model_dir):
         failures = {r.name: r.reason for r in report.failures()}
         assert not failures, "conformance failures on SGLang:\n" + "\n".join(f"{k}: {v}" for k, v in failures.items())
         assert report.passed >= 45, f"only {report.passed} checks passed"
+        # an explicit --kv-events-config replaces the sidecar's private default and is advertised
+        assert report.get("kv.event_sources").status == "pass", report.get("kv.event_sources")
     finally:
         assert await stop(proc) == 0, "".join(lines[-40:])
         reader.cancel()

@@ -152,7 +152,8 @@ def test_what_cannot_start_is_refused_before_the_engine_starts(model_dir):
         "pass --gpu-memory-utilization" in last and "--kv-cache-memory-bytes" in last, err
     assert "EngineCore" not in out + err
     # what vLLM itself refuses while building its engine: one line naming it, no traceback
-    code, out, err, _ = run_quick([*LAUNCHER, "--model", str(model_dir), "--port", "0", "--max-model-len", "100000"])
+    code, out, err, _ = run_quick([*LAUNCHER, "--model", str(model_dir), "--port", "0", "--max-model-len", "100000",
+                                   "--kv-cache-memory-bytes", str(256 << 20)])
     assert code == 1 and "Traceback" not in out + err, (out, err)
     last = stderr_lines(err)[-1]
     assert last.startswith("error: the vLLM engine failed to start: ValidationError: ") and \
