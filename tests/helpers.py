@@ -9,6 +9,7 @@ import pathlib
 import re
 import signal
 import socket
+import subprocess
 import sys
 
 import grpc
@@ -100,12 +101,12 @@ def v0_1_client_argv(target: str, *extra: str) -> list[str]:
 
 async def run_v0_1_client(target: str, *extra: str, timeout: float = 300.0) -> str:
     """Run the unmodified v0.1.0 client against ``target``; assert it passed; return its output."""
-    proc = await asyncio.create_subprocess_exec(*v0_1_client_argv(target, *extra), stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.STDOUT)
-    out, _ = await asyncio.wait_for(proc.communicate(), timeout)
-    text = out.decode()
-    assert proc.returncode == 0 and " 0 failed" in text, text
-    return text
+    # a thread, not asyncio's subprocess API: SGLang installs uvloop's loop policy, whose child
+    # watcher asyncio.create_subprocess_exec cannot use
+    run = await asyncio.to_thread(subprocess.run, v0_1_client_argv(target, *extra), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    assert run.returncode == 0 and " 0 failed" in run.stdout, run.stdout
+    return run.stdout
 
 
 async def v0_1_conformance(target: str, model: str, **kw):
