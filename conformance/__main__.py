@@ -10,6 +10,7 @@ import os
 import sys
 
 from conformance.runner import run_suite_async
+from openengine_adapters.security.channel import add_client_args
 
 
 def parse_metadata(items: list[str], flag: str = "--long-request-metadata") -> dict[str, str]:
@@ -47,13 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     hooks.add_argument("--lora-dir", metavar="DIR", default=None,
                        help="an absolute directory the target can load as a LoRA adapter")
     p.add_argument("--timeout", type=float, default=60.0, help="per-call timeout in seconds (default 60)")
-    p.add_argument("--tls", action="store_true", help="connect with TLS, trusting the system's CA roots")
-    p.add_argument("--tls-ca-file", help="connect with TLS, trusting this PEM CA bundle")
-    p.add_argument("--tls-cert-file", help="mTLS: the client certificate (PEM) to present")
-    p.add_argument("--tls-key-file", help="mTLS: the client certificate's key (PEM)")
-    p.add_argument("--token", default=os.environ.get("OPENENGINE_API_KEY"),
-                   help="bearer token sent as 'authorization: Bearer TOKEN' (default: $OPENENGINE_API_KEY); "
-                        "destructive checks need an operator's (admin) key where the server has one")
+    add_client_args(p, "; destructive checks need an operator's (admin) key where the server has one")
     p.add_argument("--list", action="store_true", help="list the checks and exit")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the summary line and failures")
     args = p.parse_args(argv)

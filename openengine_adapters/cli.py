@@ -29,6 +29,7 @@ import grpc
 from google.protobuf import json_format
 
 from openengine_adapters.client import IncompatibleServer, NotOnSurface, OpenEngineClient
+from openengine_adapters.security.channel import add_client_args
 from openengine_adapters.v1 import error_pb2, lifecycle_pb2
 from openengine_adapters.v1 import generation_pb2 as g
 
@@ -49,12 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the surface to speak: revision 1 (openengine.v1.OpenEngine, default) or v0.1.0 "
                         "(openengine.v1.Inference + Control)")
     p.add_argument("--timeout", type=float, default=60.0, help="per-call timeout in seconds (default 60)")
-    p.add_argument("--tls", action="store_true", help="connect with TLS, trusting the system's CA roots")
-    p.add_argument("--tls-ca-file", help="connect with TLS, trusting this PEM CA bundle")
-    p.add_argument("--tls-cert-file", help="mTLS: the client certificate (PEM)")
-    p.add_argument("--tls-key-file", help="mTLS: the client certificate's key (PEM)")
-    p.add_argument("--token", default=os.environ.get("OPENENGINE_API_KEY"),
-                   help="bearer token (default: $OPENENGINE_API_KEY)")
+    add_client_args(p)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("info", help="the server's identity as JSON")
     sub.add_parser("models", help="every served model's ModelInfo as JSON")

@@ -8,6 +8,8 @@ loopback without TLS is a normal development setup.
 
 from __future__ import annotations
 
+import argparse
+import os
 from collections.abc import Iterable
 
 import grpc
@@ -57,3 +59,14 @@ def open_channel(target: str, *, credentials: grpc.ChannelCredentials | None = N
     if credentials is not None:
         return grpc.aio.secure_channel(target, credentials, options=list(options), interceptors=interceptors)
     return grpc.aio.insecure_channel(target, options=list(options), interceptors=interceptors)
+
+
+def add_client_args(parser: argparse.ArgumentParser, token_note: str = "") -> None:
+    """The TLS and token options of our clients (``openengine``, ``python -m conformance``)."""
+    parser.add_argument("--tls", action="store_true", help="connect with TLS, trusting the system's CA roots")
+    parser.add_argument("--tls-ca-file", help="connect with TLS, trusting this PEM CA bundle")
+    parser.add_argument("--tls-cert-file", help="mTLS: the client certificate (PEM) to present")
+    parser.add_argument("--tls-key-file", help="mTLS: the client certificate's key (PEM)")
+    parser.add_argument("--token", default=os.environ.get("OPENENGINE_API_KEY"),
+                        help="bearer token sent as 'authorization: Bearer TOKEN' (default: $OPENENGINE_API_KEY)"
+                             + token_note)
