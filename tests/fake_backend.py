@@ -13,7 +13,10 @@ conformance run needs from a test engine:
   (conformance ``--fail-request-metadata``);
 - ``fake.serialize=1``: requests carrying it run one at a time, highest ``priority`` first (ties in
   arrival order), so scheduling order becomes observable (conformance ``--serial-request-metadata``);
-- ``fake.eos_after=N``: the model emits EOS after N tokens; ``fake.reasoning=N``: N reasoning tokens.
+- ``fake.eos_after=N``: the model emits EOS after N tokens; ``fake.reasoning=N``: N reasoning tokens;
+- ``fake.hang_after=N`` / ``fake.die_after=N``: after N steps the whole engine hangs (alive, no
+  progress, deaf to aborts) / dies (``dead()`` names the reason; nothing more is produced), as a
+  process-level test needs (in-process tests call ``hang()``, ``resume()``, ``die()``).
 
 A directory holding an ``adapter_config.json`` is a loadable LoRA adapter (conformance ``--lora-dir``).
 """
@@ -64,7 +67,12 @@ def tokenize(text: str) -> list[int]:
 
 
 def detok(t: int) -> str:
-    return "" if t == EOS_ID else chr(t)
+    """Any id a request may name (candidate token ids are not checked against the vocabulary)
+    detokenizes: ids with no character, and surrogates, become U+FFFD as a real tokenizer's
+    invalid bytes do."""
+    if t == EOS_ID:
+        return ""
+    return chr(t) if t < 0x110000 and not 0xD800 <= t < 0xE000 else "\ufffd"
 
 
 def default_card(**overrides) -> be.ModelCard:
@@ -127,6 +135,9 @@ class FakeBackend(be.EngineBackend):
         self.sessions: dict[str, be.KvSession] = {}
         self.loras: dict[str, be.LoraAdapterInfo] = {}
         self.health_state = HealthState.READY
+        self.dead_reason: str | None = None
+        self._alive = asyncio.Event()  # cleared: every engine step waits (a hung or dead engine)
+        self._alive.set()
         self.runtime_hub: EventHub[be.RuntimeEventData] = EventHub(event_queue)
         self.kv_hub: EventHub[be.KvEventBatchData] = EventHub(event_queue)
         self.kv_history: deque[be.KvEventBatchData] = deque(maxlen=256)
@@ -165,6 +176,21 @@ class FakeBackend(be.EngineBackend):
 
     async def check_health(self):
         return [be.HealthCheckResult("scheduler", self.health_state, "fake scheduler")]
+
+    def hang(self) -> None:
+        """Stop making progress (requests and aborts wait) until ``resume``."""
+        self._alive.clear()
+
+    def resume(self) -> None:
+        if self.dead_reason is None:
+            self._alive.set()
+
+    def die(self, reason: str = "fake engine process exited") -> None:
+        self.dead_reason = reason
+        self._alive.clear()
+
+    def dead(self):
+        return self.dead_reason
 
     async def probe(self, model, role):
         self.probe_calls += 1
@@ -302,6 +328,8 @@ class FakeBackend(be.EngineBackend):
         eos_after = int(meta["fake.eos_after"]) if "fake.eos_after" in meta else None
         fail_after = int(meta["fake.fail_after"]) if "fake.fail_after" in meta else None
         crash_after = int(meta["fake.crash_after"]) if "fake.crash_after" in meta else None
+        hang_after = int(meta["fake.hang_after"]) if "fake.hang_after" in meta else None
+        die_after = int(meta["fake.die_after"]) if "fake.die_after" in meta else None
         greedy = params.sampling.temperature == 0 or params.sampling.seed is None
         rngs = [None if greedy else random.Random(params.sampling.seed + i) for i in range(n)]
         include = bool(params.stopping.include_stop_in_output)
@@ -309,6 +337,12 @@ class FakeBackend(be.EngineBackend):
         state = [dict(count=0, pending="", text="", done=False) for _ in range(n)]
         step = 0
         while not all(s["done"] for s in state):
+            if hang_after is not None and step >= hang_after:
+                self.hang()
+            if die_after is not None and step >= die_after:
+                self.die()
+            if not self._alive.is_set():
+                await self._alive.wait()  # hung: deaf to aborts too
             if stop.is_set():
                 return
             if delay:

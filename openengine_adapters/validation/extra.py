@@ -11,10 +11,22 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from google.protobuf import json_format
+
 from openengine_adapters.backend import ExtraKey
 from openengine_adapters.errors import invalid
 
 _INT_LIMIT = 2**53  # Struct numbers are IEEE-754 doubles: exact to here
+
+
+def request_struct(struct, field: str) -> dict:
+    """A request's ``google.protobuf.Struct`` as plain JSON values. NaN and infinities decode (they
+    are doubles on the wire) but JSON cannot hold them, so protobuf's conversion raises: refused
+    here naming the field, not answered as an internal error."""
+    try:
+        return json_format.MessageToDict(struct)
+    except ValueError as exc:
+        raise invalid(f"{field}: numbers must be finite (NaN and infinities have no JSON form)") from exc
 
 
 def _is_int(value: Any) -> bool:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from google.protobuf import json_format
-
 from openengine_adapters.backend import KvEndpoint, KvSession
 from openengine_adapters.errors import invalid
 from openengine_adapters.v1 import kv_pb2
+from openengine_adapters.validation.extra import request_struct
 
 WILDCARD_HOSTS = frozenset({"", "*", "0.0.0.0", "::", "[::]"})
 
@@ -30,7 +29,7 @@ def parse_kv_session(ref: kv_pb2.KvSessionRef, field: str, transfer_backend: str
             raise invalid(f"{field}.endpoints[{i}].port: must be in 1..65535")
         endpoints.append(KvEndpoint(ep.host, ep.port, ep.protocol))
     attributes = (
-        json_format.MessageToDict(ref.attributes_struct) if ref.HasField("attributes_struct") else {}
+        request_struct(ref.attributes_struct, f"{field}.attributes_struct") if ref.HasField("attributes_struct") else {}
     )
     return KvSession(
         session_id=ref.session_id,

@@ -30,7 +30,7 @@ from openengine_adapters.v0_1 import (
     openengine_pb2,
     server_pb2,
 )
-from openengine_adapters.validation.extra import describe
+from openengine_adapters.validation.extra import describe, request_struct
 from openengine_adapters.wire.decode import method_handler
 from openengine_adapters.wire.v0_1 import metadata, translate
 
@@ -95,7 +95,7 @@ class InferenceServicer:
                               f"kv.session.dp_rank {session.dp_rank} (the session's rank is authoritative)")
         core_request = translate.generate_request(request, priority=meta.priority, target_dp_rank=meta.target_dp_rank,
                                                   application=meta.application)
-        extra = discovery.struct_dict(request.extra) if request.HasField("extra") else None
+        extra = request_struct(request.extra, "extra") if request.HasField("extra") else None
         return core_request, extra, meta.trace_headers
 
     async def Generate(self, request: generation_pb2.GenerateRequest, context):
