@@ -314,7 +314,7 @@ class TrtllmBackend(be.EngineBackend):
         if not self.stats_on:
             return be.LoadSnapshot(running_requests=0 if idle else None, queued_requests=0 if idle else None,
                                    attributes={"in_flight_requests": len(self._live)})
-        snap = self.stats.snapshot(idle, per_rank)
+        snap = self.stats.snapshot(idle, per_rank, self.tp if self.attention_dp else 1, len(self._live))
         attrs = dict(snap.attributes)
         attrs["in_flight_requests"] = len(self._live)
         return be.LoadSnapshot(**{**snap.__dict__, "attributes": attrs,

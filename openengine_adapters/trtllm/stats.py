@@ -72,9 +72,25 @@ class StatsCollector:
             self._emit(RuntimeEventType.QUEUE, now, {"waiting_requests": str(stat.get("numQueuedRequests", "")),
                                                      "running_requests": str(stat.get("numActiveRequests", ""))})
 
-    def snapshot(self, idle: bool, per_rank: bool) -> be.LoadSnapshot:
+    def snapshot(self, idle: bool, per_rank: bool, dp_size: int = 1, in_flight: int = 0) -> be.LoadSnapshot:
         """The last engine snapshot; an idle adapter (no request in flight) reports zero load,
-        since the engine emits no stats once it stops iterating."""
+        since the engine emits no stats once it stops iterating.
+
+        With attention DP (``dp_size`` > 1) the stats are attention-DP rank 0's alone: each rank's
+        PyExecutor counts its own requests and blocks, and only rank 0's worker forwards them
+        (``executor/worker.py`` ``start``: the stats thread runs ``if mpi_rank() == 0``). They are
+        reported as rank 0's; the engine-wide request count is the adapter's own (``in_flight``),
+        and what only the other ranks know (their queues, blocks, batches) is left unset.
+        """
+        snap = self._snapshot(idle, per_rank)
+        if dp_size <= 1:
+            return snap
+        return be.LoadSnapshot(
+            timestamp_unix_nanos=snap.timestamp_unix_nanos, running_requests=in_flight,
+            ranks=snap.ranks, attributes={**snap.attributes, "running_requests_source": "adapter_in_flight",
+                                          "per_rank": "attention-DP rank 0 only (TensorRT-LLM 1.2 reports no other)"})
+
+    def _snapshot(self, idle: bool, per_rank: bool) -> be.LoadSnapshot:
         s = self.last
         if s is None:
             zero = 0 if idle else None

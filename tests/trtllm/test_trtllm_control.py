@@ -162,6 +162,31 @@ async def test_load_is_cached_and_zero_when_idle(trt):
     assert after.running_requests == 0 and after.queued_requests == 0 and after.total_kv_blocks == 128
 
 
+async def test_load_with_attention_dp_is_not_rank_0_passed_off_as_the_engine(serve):
+    """TensorRT-LLM 1.2 forwards iteration stats from attention-DP rank 0 only: GetLoad reports them
+    as rank 0's, counts the engine's requests itself, and leaves the other ranks' unknowns unset."""
+    async with serve(fake_trtllm.Args(enable_attention_dp=True, tensor_parallel_size=2)) as h:
+        h.llm.step_s = 0.01
+        calls = []
+        for rank in (0, 1):
+            calls.append(h.stub.Generate(gen_request("hi", request_id=f"r{rank}",
+                                                     kv=g.KvOptions(data_parallel_rank=rank),
+                                                     stopping=g.StoppingOptions(max_tokens=100))))
+            await calls[-1].read()
+        assert sorted(h.llm.rank_of[r["id"]] for r in h.llm.submitted) == [0, 1]
+        await asyncio.sleep(0.1)
+        load = await h.stub.GetLoad(observability_pb2.GetLoadRequest(include_per_rank=True))
+        assert load.running_requests == 2  # both ranks' requests, not rank 0's one
+        assert not load.HasField("used_kv_blocks") and not load.HasField("total_kv_blocks")
+        assert not load.HasField("queued_requests")
+        (rank0,) = load.ranks
+        assert rank0.data_parallel_rank == 0 and rank0.running_requests == 1 and rank0.used_kv_blocks == 4
+        for rank in (0, 1):
+            await h.stub.Abort(lifecycle_pb2.AbortRequest(request_id=f"r{rank}"))
+        for call in calls:
+            await read_rest(call)
+
+
 async def test_runtime_events(trt):
     call = trt.stub.SubscribeRuntimeEvents(observability_pb2.SubscribeRuntimeEventsRequest(
         types=[observability_pb2.RUNTIME_EVENT_TYPE_FORWARD_PASS, observability_pb2.RUNTIME_EVENT_TYPE_QUEUE]))
@@ -256,6 +281,10 @@ async def test_kv_events_per_attention_dp_rank(serve):
     """Each attention-DP rank has its own sequence numbers; a rank the engine does not have is refused."""
     async with serve(fake_trtllm.Args(enable_attention_dp=True, tensor_parallel_size=2)) as h:
         await first_request(h)
+        for _ in range(500):  # each rank has its own "created" event: wait for rank 1's too
+            if 1 in h.backend.kv._last_event_id:
+                break
+            await asyncio.sleep(0.01)
         call = h.stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest(data_parallel_ranks=[1]))
         await asyncio.sleep(0.05)
         for hash_ in (7, 8):
@@ -263,7 +292,8 @@ async def test_kv_events_per_attention_dp_rank(serve):
                 {"block_hash": hash_, "tokens": [{"token_id": 1}], "cache_level": 0}]}, rank=1)
             await asyncio.sleep(0.05)
         b1, b2 = await _batches(call, 2)
-        assert (b1.data_parallel_rank, b1.sequence_number, b2.sequence_number) == (1, 1, 2)
+        # rank 1's own "created" event (its sequence number 1) came before the subscription
+        assert (b1.data_parallel_rank, b1.sequence_number, b2.sequence_number) == (1, 2, 3)
         call.cancel()
         await expect_status(h.stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest(data_parallel_ranks=[2])),
                             grpc.StatusCode.INVALID_ARGUMENT, "data_parallel_ranks", "[0, 1]")

@@ -23,7 +23,8 @@ depends on (see /work/shared/engines/trtllm.md and tensorrt_llm/executor/result.
   skipped (left None) with speculative decoding.
 - Guided decoding is enforced (``guided.py``): the output satisfies the constraint and ends with
   EOS (finish "stop") once it is complete; an invalid constraint fails the request's stream.
-- ``cached_tokens`` from a block-reuse prefix cache (4-token blocks, keyed by cache_salt).
+- ``cached_tokens`` from a block-reuse prefix cache (``tokens_per_block`` blocks, keyed by cache_salt,
+  one cache per attention-DP rank).
 - ``get_stats_async(timeout)`` / ``get_kv_cache_events_async(timeout)``: single-consumer queues
   that drain on read and end after ``timeout`` without data.
 - LoRA adapters load lazily on first use; DisaggregatedParams context_only / generation_only.
@@ -143,11 +144,22 @@ class SamplingParams:
 
 @dataclass(slots=True, kw_only=True)  # tensorrt_llm/disaggregated_params.py: keyword-only
 class DisaggregatedParams:
+    """The 1.2 fields the adapter uses (later releases add disagg_request_id, ctx_dp_rank,
+    ctx_info_endpoint, ...; the adapter reads the field list from the signature)."""
+
     request_type: str | None = None
     first_gen_tokens: list[int] | None = None
     ctx_request_id: int | None = None
     opaque_state: bytes | None = None
     draft_tokens: list[int] | None = None
+
+    def __post_init__(self):
+        # disaggregated_params.py DisaggregatedParams.__post_init__: lower-cased, one of three
+        if self.request_type is not None:
+            self.request_type = self.request_type.lower()
+            if self.request_type not in ("context_only", "generation_only", "context_and_generation"):
+                raise ValueError(f"Unknown request type: {self.request_type}. Must be context_only, "
+                                 "generation_only or context_and_generation")
 
 
 @dataclass(slots=True)
@@ -158,17 +170,37 @@ class SchedulingParams:
 
 @dataclass(slots=True)
 class LoRARequest:
+    """executor/request.py LoRARequest: positional (name, id, path), checked when built."""
+
     lora_name: str
     lora_int_id: int
     lora_path: str = ""
+    lora_ckpt_source: str = "hf"
+
+    def __post_init__(self):
+        # executor/request.py LoRARequest.__post_init__
+        if self.lora_path is not None and not os.path.exists(self.lora_path):
+            raise ValueError(f"lora_path ({self.lora_path}) does not exist.")
+        if self.lora_ckpt_source not in ("hf", "nemo"):
+            raise ValueError(f"lora_ckpt_source must be 'hf' or 'nemo', got '{self.lora_ckpt_source}'")
+
+    @property
+    def adapter_id(self) -> int:
+        return self.lora_int_id
+
+    @property
+    def path(self) -> str:
+        return self.lora_path
 
 
 @dataclass
 class KvCacheConfig:
+    """llmapi/llm_args.py KvCacheConfig defaults: 32 tokens per block, no KV-event buffer."""
+
     free_gpu_memory_fraction: float = 0.9
     enable_block_reuse: bool = True
     event_buffer_max_size: int = 0
-    tokens_per_block: int = BLOCK
+    tokens_per_block: int = 32
 
 
 @dataclass
@@ -190,13 +222,17 @@ class Args:
     # llmapi/llm_args.py: None unless the user passes it; the PyTorch worker takes the model's length
     # (create_py_executor) and keeps it to itself (executor/base_worker.py setup_engine: self.max_seq_len)
     max_seq_len: int | None = None
-    max_batch_size: int = 8
-    max_num_tokens: int = 2048
+    max_batch_size: int = 2048  # llmapi/llm_args.py BaseLlmArgs defaults
+    max_num_tokens: int = 8192
+    enable_chunked_prefill: bool = False
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     enable_attention_dp: bool = False
     enable_iter_perf_stats: bool = True
-    kv_cache_config: KvCacheConfig = field(default_factory=lambda: KvCacheConfig(event_buffer_max_size=64))
+    # the tests' deployment (not TensorRT-LLM's default): KV events on, 4-token blocks so that
+    # short prompts fill blocks
+    kv_cache_config: KvCacheConfig = field(default_factory=lambda: KvCacheConfig(event_buffer_max_size=64,
+                                                                                 tokens_per_block=BLOCK))
     lora_config: LoraConfig | None = None
     guided_decoding_backend: str | None = "xgrammar"
     cache_transceiver_config: CacheTransceiverConfig | None = None
@@ -416,7 +452,10 @@ class LLM:
         kv = self.args.kv_cache_config
         self.kv_queue = _Queue(kv.event_buffer_max_size or None)
         self.stats_queue = _Queue(1000)
-        self.event_id = itertools.count(0)
+        self.event_id = itertools.count(0)  # rank 0's (or the only) KV event ids
+        self._rank_event_ids: dict[int, itertools.count] = {}
+        self.dp_size = self.args.tensor_parallel_size if self.args.enable_attention_dp else 1
+        self.rank_of: dict[int, int] = {}  # request id -> the attention-DP rank that runs it
         self.shut = False
         self._executor = _Executor()
         self.stalled = False  # the executor loop is blocked on a handoff it cannot resolve
@@ -424,13 +463,21 @@ class LLM:
         # the worker's max_seq_len: the user's, else the model config's (create_py_executor)
         self.engine_max_seq_len = self.args.max_seq_len or MODEL_MAX_POSITIONS
         self._hf_model_dir = _model_dir()
+        # the C++ WindowBlockManager constructor enqueues "created" (event id 0, per attention-DP
+        # rank: kvCacheManager.cpp, kvCacheEventManager.cpp enqueueCreatedEvent); it waits in the
+        # engine's buffer, and the LLM reads it only once a request has created its IterationResult
+        # (get_kv_cache_events_async asserts before that; proxy.py starts its dispatch threads in submit)
         if kv.event_buffer_max_size:
-            self.emit_kv({"type": "created", "num_blocks_per_cache_level": [128, 0]})
+            for rank in range(self.dp_size):
+                self.emit_kv({"type": "created", "num_blocks_per_cache_level": [128, 0]},
+                             rank if self.args.enable_attention_dp else None)
 
     # -- engine queues ----------------------------------------------------------
     def emit_kv(self, data: dict, rank: int | None = None) -> None:
         if self.args.kv_cache_config.event_buffer_max_size:
-            ev = {"event_id": next(self.event_id), "data": data, "window_size": 64}
+            # each rank's KVCacheEventManager numbers its own events (gathered to rank 0 under attention DP)
+            ids = self.event_id if not rank else self._rank_event_ids.setdefault(rank, itertools.count(0))
+            ev = {"event_id": next(ids), "data": data, "window_size": 64}
             if rank is not None:
                 ev["attention_dp_rank"] = rank
             self.kv_queue.put(ev)
@@ -438,6 +485,7 @@ class LLM:
     def restart_kv(self) -> None:
         """The engine recreated its cache (e.g. restarted): event ids start over."""
         self.event_id = itertools.count(0)
+        self._rank_event_ids.clear()
         self.cache.clear()
         self.emit_kv({"type": "created", "num_blocks_per_cache_level": [128, 0]})
 
@@ -448,7 +496,9 @@ class LLM:
         return self.kv_queue.set_timeout(timeout)
 
     def get_stats_async(self, timeout: float = 2):
-        # executor/executor.py aget_stats: an empty iterable before the first request
+        # executor/executor.py aget_stats: an empty iterable before the first request. Items are
+        # dicts: the worker serializes IterationStats.to_json_str() (worker.py dispatch_stats_task)
+        # and result.py IterationResult.__anext__ returns json.loads(data)
         return self.stats_queue.set_timeout(timeout) if self.submitted else _empty()
 
     def shutdown(self) -> None:
@@ -462,16 +512,18 @@ class LLM:
             return self.tokenizer.encode(stop_reason, add_special_tokens=False)
         return [stop_reason]
 
-    def _prefix_cache(self, ids: list[int], salt: str | None, lora: int) -> int:
+    def _prefix_cache(self, ids: list[int], salt: str | None, lora: int, rank: int) -> int:
+        """Block reuse on the request's attention-DP rank (each rank has its own KV cache)."""
+        block = self.args.kv_cache_config.tokens_per_block
         cached, parent, first_parent = 0, None, None
         stored = []
-        for b in range(len(ids) // BLOCK):
-            blk = tuple(ids[b * BLOCK:(b + 1) * BLOCK])
-            key = (salt, lora, parent, blk)
+        for b in range(len(ids) // block):
+            blk = tuple(ids[b * block:(b + 1) * block])
+            key = (rank, salt, lora, parent, blk)
             h = zlib.crc32(repr(key).encode())
             if key in self.cache:
-                if cached == b * BLOCK:
-                    cached += BLOCK
+                if cached == b * block:
+                    cached += block
             else:
                 self.cache.add(key)
                 if not stored:
@@ -483,16 +535,22 @@ class LLM:
                                                            "token_extra_id": 0} for t in blk]})
             parent = h
         if stored:
-            self.emit_kv({"type": "stored", "parent_hash": first_parent, "blocks": stored})
+            self.emit_kv({"type": "stored", "parent_hash": first_parent, "blocks": stored},
+                         rank if self.args.enable_attention_dp else None)
         return cached
 
     def _stats(self) -> None:
+        """One iteration's stats, as rank 0 sees them: PyExecutor.get_latest_iteration_stats returns
+        its own rank's IterationStats, and only rank 0's worker forwards them (worker.py start:
+        ``if mpi_rank() == 0: ... dispatch_stats_thread``), so with attention DP the counts and KV
+        blocks are attention-DP rank 0's alone."""
         self.iteration += 1
-        active = sum(1 for r in self.live.values() if not r.finished)
+        active = sum(1 for rid, r in self.live.items() if not r.finished and self.rank_of.get(rid, 0) == 0)
         # a dict: executor/result.py IterationResult.__anext__ returns json.loads(data)
         self.stats_queue.put({
             "iter": self.iteration, "iterLatencyMS": 1.5, "numActiveRequests": active, "numQueuedRequests": 0,
-            "kvCacheStats": {"maxNumBlocks": 128, "usedNumBlocks": 4 * active, "tokensPerBlock": BLOCK},
+            "kvCacheStats": {"maxNumBlocks": 128, "usedNumBlocks": 4 * active,
+                             "tokensPerBlock": self.args.kv_cache_config.tokens_per_block},
             "inflightBatchingStats": {"numContextRequests": 0, "numGenRequests": active, "numCtxTokens": 0,
                                       "numScheduledRequests": active}})
 
@@ -502,6 +560,8 @@ class LLM:
                        disaggregated_params: DisaggregatedParams | None = None, _postproc_params=None,
                        scheduling_params: SchedulingParams | None = None, cache_salt: str | None = None,
                        trace_headers=None):  # llmapi/llm.py generate_async: OpenTelemetry trace headers
+        if self._executor is None:  # llmapi/llm.py generate_async, after shutdown
+            raise RuntimeError("LLM is shutting down")
         sp = sampling_params or SamplingParams()
         if isinstance(inputs, str):
             ids = self.tokenizer.encode(inputs)
@@ -509,11 +569,19 @@ class LLM:
             ids = list(inputs["prompt_token_ids"])
         if not ids:
             raise ValueError("prompt is empty")
+        gen_only = disaggregated_params is not None and disaggregated_params.request_type == "generation_only"
+        if not self.args.enable_chunked_prefill and not gen_only and len(ids) > self.args.max_num_tokens:
+            # llmapi/llm.py _check_arguments (PyTorch backend): the prompt must fit one forward pass
+            raise ValueError(f"The sum of prompt length ({float(len(ids))}), query length (0) should not exceed "
+                             f"max_num_tokens ({self.args.max_num_tokens})")
         if scheduling_params is not None and not self.args.enable_attention_dp:
             raise ValueError("attention_dp_rank needs enable_attention_dp")
         if lora_request is not None and self.args.lora_config is None:
             raise ValueError("LoRA is not enabled")
         rid = next(self.ids)
+        # attention DP: the requested rank, else the scheduler's choice (round robin here)
+        self.rank_of[rid] = (scheduling_params.attention_dp_rank if scheduling_params is not None
+                             and scheduling_params.attention_dp_rank is not None else rid % self.dp_size)
         out = RequestOutput(self, rid, ids, sp)
         self.kv_queue.mark_undone()  # _maybe_initialize_iteration_results, on every submission
         self.stats_queue.mark_undone()
@@ -589,7 +657,8 @@ class LLM:
                 # (tensorrt_llm/grpc/openengine/capabilities.py GUIDE_SUPPORT_BY_BACKEND)
                 raise RuntimeError("structural tags are not supported by the llguidance backend")
             guided = constrained_text(sp.guided_decoding)
-            out.cached_tokens = self._prefix_cache(out.prompt_token_ids, salt, lora.lora_int_id if lora else 0)
+            out.cached_tokens = self._prefix_cache(out.prompt_token_ids, salt, lora.lora_int_id if lora else 0,
+                                                   self.rank_of.get(out.request_id, 0))
             n = sp.n
             made = [0] * n
             produced = [list(first) for _ in range(n)]
