@@ -33,6 +33,10 @@ ODD_TEXT = ("", "\x00", "é" * 3, "\u202e\u200b", "🙂" * 5, "../../../etc/pass
 INTS = {FD.TYPE_INT32: INT32, FD.TYPE_SINT32: INT32, FD.TYPE_SFIXED32: INT32,
         FD.TYPE_INT64: INT64, FD.TYPE_SINT64: INT64, FD.TYPE_SFIXED64: INT64,
         FD.TYPE_UINT32: UINT32, FD.TYPE_FIXED32: UINT32, FD.TYPE_UINT64: UINT64, FD.TYPE_FIXED64: UINT64}
+HEADER_KEYS = ("openengine-priority", "openengine-target-dp-rank", "openengine-routing-key", "openengine-other",
+               "traceparent", "tracestate", "x-app", "x-app-bin", "openengine-priority-bin")
+HEADER_VALUES = ("", "0", "-1", "1", "2147483648", "-2147483649", "18446744073709551616", "1.5", " 7", "abc",
+                 "@long@", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "ff-00-00-00", "~!@#$%^&*()")
 MAX_INPUT_BYTES = 2 * 1024 * 1024  # blown-up inputs stay well under the server's message limit
 
 # Valid requests of each method name (JSON field names; a name a surface does not have is ignored),
@@ -113,6 +117,7 @@ class FuzzInput:
     method: Method
     kind: str  # what was done to it, for the report of a failure
     data: bytes
+    headers: tuple[tuple[str, str | bytes], ...] = ()  # request metadata besides the credentials
 
 
 class InputMaker:
@@ -272,6 +277,26 @@ class InputMaker:
         # a known field number with the wrong wire type
         return "wiretype", bytes(b) + _varint((rng.randrange(1, 14) << 3) | rng.choice((0, 1, 5, 3, 4, 6, 7))) + b"\x01"
 
+    # ------------------------------------------------------------------ request metadata
+
+    def headers(self) -> tuple[tuple[str, str | bytes], ...]:
+        """Request metadata v0.1.0 reads (its routing, admission and trace keys), with odd values,
+        repeated, or beside application keys and binary headers; together under gRPC's 8 KiB
+        header limit, beyond which the transport refuses a call before any handler runs."""
+        rng, out = self.rng, []
+        for _ in range(rng.randrange(1, 4)):
+            key = rng.choice(HEADER_KEYS)
+            if key.endswith("-bin"):
+                value = rng.randbytes(rng.choice((0, 1, 64, 1500)))
+            else:
+                value = rng.choice(HEADER_VALUES)
+                if value == "@long@":
+                    value = "9" * rng.choice((20, 400, 4500))
+            out.append((key, value))
+        while sum(len(k) + len(v) for k, v in out) > 6000:
+            out.pop()
+        return tuple(out)
+
     # ------------------------------------------------------------------ inputs
 
     def make(self, index: int, method: Method) -> FuzzInput:
@@ -292,7 +317,10 @@ class InputMaker:
         if self.rng.random() < 0.3 or kind.startswith("no fields"):
             how, data = self.corrupt(data)
             kind += f"; {how}"
-        return FuzzInput(index, method, kind, data)
+        headers = self.headers() if self.rng.random() < 0.15 else ()
+        if headers:
+            kind += f"; headers {[k for k, _ in headers]}"
+        return FuzzInput(index, method, kind, data, headers)
 
     def inputs(self, count: int, targets: list[Method]) -> Iterator[FuzzInput]:
         """``count`` inputs spread over ``targets`` (Generate, the most complex, weighted 4x), made

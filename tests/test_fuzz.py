@@ -92,7 +92,7 @@ class Checker:
 
 
 async def exercise(channel: grpc.aio.Channel, item: FuzzInput, token: str | None, checker: Checker) -> None:
-    metadata = (("authorization", f"Bearer {token}"),) if token is not None else None
+    metadata = ((("authorization", f"Bearer {token}"),) if token is not None else ()) + item.headers
     method: Method = item.method
     if not method.streaming:
         try:
@@ -286,3 +286,18 @@ async def test_a_struct_holding_nan_or_infinity_is_invalid_argument_not_an_inter
         request = v01_generation_pb2.GenerateRequest(prompt="hi", extra=attributes)
         await expect_status(generate(request.SerializeToString()), grpc.StatusCode.INVALID_ARGUMENT,
                             "extra: numbers must be finite")
+
+
+async def test_a_v0_1_numeric_header_of_thousands_of_digits_is_invalid_argument_not_unknown(oe):
+    """Found by the fuzz: ``openengine-priority`` of 6,000 digits answered UNKNOWN (Python's int()
+    refuses more than 4,300 digits)."""
+    from helpers import expect_status, rejection
+
+    from openengine_adapters.v0_1 import generation_pb2 as v01_generation_pb2
+
+    generate = oe.channel.unary_stream("/openengine.v1.Inference/Generate")
+    request = v01_generation_pb2.GenerateRequest(prompt="hi").SerializeToString()
+    for key in ("openengine-priority", "openengine-target-dp-rank"):
+        exc = await expect_status(generate(request, metadata=((key, "9" * 6000),)), grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"{key}: 9999", "(6000 digits) is out of the")
+        assert rejection(exc).message == exc.details()

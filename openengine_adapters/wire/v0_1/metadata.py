@@ -43,9 +43,11 @@ class InferenceMetadata:
 def _number(key: str, value: str, pattern: re.Pattern, low: int, high: int, kind: str) -> int:
     if not pattern.fullmatch(value):
         raise invalid(f"{key}: {value[:64]!r} is not a base-10 {kind}")
-    number = int(value)
-    if not low <= number <= high:
-        raise invalid(f"{key}: {number} is out of the {kind} range [{low}, {high}]")
+    # a value of thousands of digits is out of range: never converted (Python refuses past 4300 digits)
+    number = int(value) if len(value) <= 40 else None
+    if number is None or not low <= number <= high:
+        shown = value if len(value) <= 64 else f"{value[:64]}... ({len(value)} digits)"
+        raise invalid(f"{key}: {shown} is out of the {kind} range [{low}, {high}]")
     return number
 
 
