@@ -442,3 +442,6 @@ async def test_health_after_the_engine_shut_down_and_output_cap(trt):
     trt.llm.shutdown()
     health = await trt.stub.Health(lifecycle_pb2.HealthRequest())
     assert health.state == lifecycle_pb2.HEALTH_STATE_NOT_READY, health
+    # generate_async raises RuntimeError("LLM is shutting down"): retryable elsewhere, not INTERNAL
+    await expect_status(trt.stub.Generate(gen_request("hi", stopping=g.StoppingOptions(max_tokens=1))),
+                        grpc.StatusCode.UNAVAILABLE, "LLM is shutting down")

@@ -407,3 +407,35 @@ async def test_v0_1_trace_context_reaches_generate_async(trt):
     assert trt.llm.submitted[-1]["trace"] == {"traceparent": parent, "tracestate": "v=x"}
     await collect(trt.stub, gen_request("hi", stopping=g.StoppingOptions(max_tokens=1)))
     assert trt.llm.submitted[-1]["trace"] is None
+
+
+async def test_trace_context_where_generate_async_takes_none(serve, monkeypatch):
+    """The 1.1-era LLM.generate_async has no trace_headers (llmapi/llm.py, before OpenTelemetry
+    tracing): a v0.1.0 call with trace context is served without it, not failed with a TypeError."""
+    from openengine_adapters.v0_1 import generation_pb2 as v01_gen
+    from openengine_adapters.v0_1 import openengine_pb2_grpc as v01_grpc
+
+    full = fake_trtllm.LLM.generate_async
+
+    def generate_async(self, inputs, sampling_params=None, lora_request=None, prompt_adapter_request=None,
+                       streaming=False, kv_cache_retention_config=None, disaggregated_params=None,
+                       _postproc_params=None, scheduling_params=None, cache_salt=None):
+        return full(self, inputs, sampling_params, lora_request, prompt_adapter_request, streaming,
+                    kv_cache_retention_config, disaggregated_params, _postproc_params, scheduling_params, cache_salt)
+
+    monkeypatch.setattr(fake_trtllm.LLM, "generate_async", generate_async)
+    async with serve() as h:
+        req = v01_gen.GenerateRequest(prompt="hi", stopping=v01_gen.StoppingOptions(max_tokens=2))
+        parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        out = [r async for r in v01_grpc.InferenceStub(h.channel).Generate(
+            req, metadata=(("traceparent", parent),), timeout=10)]
+        assert out and h.llm.submitted[-1]["trace"] is None
+
+
+async def test_prompt_beyond_max_num_tokens_is_invalid(serve):
+    """Without chunked prefill the PyTorch LLM refuses a prompt longer than max_num_tokens
+    (llmapi/llm.py _check_arguments raises ValueError from generate_async)."""
+    async with serve(fake_trtllm.Args(max_num_tokens=8)) as h:
+        await expect_status(h.stub.Generate(gen_request("a prompt of twenty..", stopping=g.StoppingOptions(
+            max_tokens=1))), grpc.StatusCode.INVALID_ARGUMENT, "max_num_tokens (8)")
+        await collect(h.stub, gen_request("short", stopping=g.StoppingOptions(max_tokens=1)))
