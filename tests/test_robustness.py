@@ -5,16 +5,19 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+import pytest
 from fake_backend import FakeBackend
 from helpers import collect, expect_status, gen_request, read_rest, rejection
 
 from openengine_adapters import backend as be
 from openengine_adapters.errors import EngineFailure
 from openengine_adapters.types import ErrorCode, FinishReason
-from openengine_adapters.v1 import embedding_pb2, kv_pb2, lifecycle_pb2, tasks_pb2
+from openengine_adapters.v1 import embedding_pb2, kv_pb2, lifecycle_pb2, observability_pb2, tasks_pb2
 from openengine_adapters.v1 import generation_pb2 as g
+from openengine_adapters.wire.v0_1.stub import V01Stub
 
 SLOW = {"fake.step_delay_ms": "20"}
+SLOW_STORM = {"fake.step_delay_ms": "500"}  # 1,000 streams at 2 tokens/s each: the storm, not the decoding, is the load
 
 
 def slow(rid: str, max_tokens: int = 200) -> g.GenerateRequest:
@@ -170,3 +173,72 @@ async def test_a_hanging_engine_abort_does_not_hold_the_request_forever(oe, monk
     await call.read()
     call.cancel()
     await settle(lambda: idle(oe), timeout=3)
+
+
+STORM = 1000
+
+
+@pytest.mark.parametrize("surface", ["revision-1", "v0.1.0"])
+async def test_a_1000_stream_cancellation_storm_leaves_nothing_running_and_frees_every_slot(serve, surface):
+    """1,000 streams open at once on one surface (the admission limit exactly), ended every way a
+    client ends one: cancelled before the first token, cancelled after it, a deadline, Abort by id.
+    Afterwards no engine request runs, the registry is empty, every slot is free (the limit admits
+    1,000 streams again) and the service still generates."""
+    import random
+
+    async with serve({"max_in_flight": STORM}) as h:
+        channels = [grpc.aio.insecure_channel(h.target) for _ in range(8)]
+        stubs = [h.stub.__class__(c) if surface == "revision-1" else V01Stub(c) for c in channels]
+        rng = random.Random(1000)
+        ends = {"cancel before": 0, "cancel after": 0, "deadline": 0, "abort": 0}
+
+        def start(i: int, timeout: float | None = 60):
+            req = gen_request("hi", request_id=f"storm-{i}", stopping=g.StoppingOptions(max_tokens=200))
+            if surface == "revision-1":
+                req.metadata.update(SLOW_STORM)
+                return stubs[i % len(stubs)].Generate(req, timeout=timeout)
+            return stubs[i % len(stubs)].Generate(req, timeout=timeout, metadata=tuple(SLOW_STORM.items()))
+
+        async def one(i: int) -> None:
+            how = rng.choice(tuple(ends))
+            ends[how] += 1
+            call = start(i, timeout=rng.uniform(0.3, 1.5) if how == "deadline" else 60)
+            if how == "cancel before":
+                await asyncio.sleep(rng.uniform(0, 0.05))
+                call.cancel()
+                return
+            try:
+                first = await call.read()
+                assert first.WhichOneof("event") == "token", first
+                if how == "cancel after":
+                    await asyncio.sleep(rng.uniform(0, 0.3))
+                    call.cancel()
+                elif how == "abort":
+                    await stubs[i % len(stubs)].Abort(lifecycle_pb2.AbortRequest(request_id=f"storm-{i}"), timeout=30)
+                    last = (await read_rest(call))[-1]
+                    assert last.WhichOneof("event") in ("finished", "error"), last
+                else:
+                    await read_rest(call)
+                    raise AssertionError("a 200-token slow stream outlived its deadline")
+            except grpc.aio.AioRpcError as exc:
+                assert how == "deadline" and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED, exc
+
+        try:
+            await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(STORM))), 120)
+            assert min(ends.values()) > STORM // 8, ends
+            await settle(lambda: idle(h) and not h.fake.running, timeout=20)
+            for stub in stubs[:1]:
+                load = await stub.GetLoad(observability_pb2.GetLoadRequest())
+                assert load.running_requests == 0, load
+            # every slot free: the limit admits STORM streams again, then refuses one more
+            again = [start(i + STORM) for i in range(STORM)]
+            for call in again:
+                assert (await call.read()).WhichOneof("event") == "token"
+            await expect_status(start(2 * STORM), grpc.StatusCode.RESOURCE_EXHAUSTED)
+            for call in again:
+                call.cancel()
+            await settle(lambda: idle(h) and not h.fake.running, timeout=20)
+            assert (await collect(stubs[0], gen_request("after the storm")))[-1].HasField("finished")
+        finally:
+            for c in channels:
+                await c.close()
