@@ -137,6 +137,7 @@ async def test_model_info_advertisement(trt):
     assert not gen.supports_priority and not gen.supports_prefix_cache_bypass and gen.supports_cache_salt
     assert model_pb2.GUIDED_DECODING_MODE_CHOICE in gen.guided_decoding.modes
     assert info.max_context_length == 256 and info.kv_block_size == 4 and not info.supports_lora
+    assert info.max_running_requests == 2048 and info.max_batched_tokens == 8192  # llm_args.py defaults
     engine = await trt.stub.GetEngineInfo(engine_pb2.GetEngineInfoRequest())
     assert engine.engine_name == "tensorrt_llm" and engine.engine_version == "1.2.0"
     await expect_status(trt.stub.GetKvEventSources(kv_pb2.GetKvEventSourcesRequest()), grpc.StatusCode.UNIMPLEMENTED)
@@ -160,6 +161,21 @@ async def test_load_is_cached_and_zero_when_idle(trt):
     await read_rest(call)
     after = await trt.stub.GetLoad(observability_pb2.GetLoadRequest())
     assert after.running_requests == 0 and after.queued_requests == 0 and after.total_kv_blocks == 128
+
+
+async def test_load_from_stats_as_json_strings(trt):
+    """result.py IterationResult.__anext__ returns json.loads(data): dicts, as the fake gives them;
+    LLM.get_stats's docstring still shows JSON strings. The adapter reads either."""
+    put = trt.llm.stats_queue.put
+    trt.llm.stats_queue.put = lambda item: put(json.dumps(item))
+    trt.llm.step_s = 0.01
+    call = trt.stub.Generate(gen_request("hi", request_id="s", stopping=g.StoppingOptions(max_tokens=100)))
+    await call.read()
+    await asyncio.sleep(0.1)
+    busy = await trt.stub.GetLoad(observability_pb2.GetLoadRequest())
+    assert busy.running_requests == 1 and busy.used_kv_blocks == 4 and busy.total_kv_blocks == 128
+    await trt.stub.Abort(lifecycle_pb2.AbortRequest(request_id="s"))
+    await read_rest(call)
 
 
 async def test_load_with_attention_dp_is_not_rank_0_passed_off_as_the_engine(serve):
