@@ -541,7 +541,9 @@ class LLM:
 
     def _stats(self) -> None:
         """One iteration's stats, as rank 0 sees them: PyExecutor.get_latest_iteration_stats returns
-        its own rank's IterationStats, and only rank 0's worker forwards them (worker.py start:
+        its own rank's IterationStats (_torch/pyexecutor/py_executor.py _get_init_iter_stats:
+        ``num_active_requests = len(self.active_requests)``; _update_iter_stats: this rank's KV cache
+        manager), and only rank 0's worker forwards them (executor/worker.py start:
         ``if mpi_rank() == 0: ... dispatch_stats_thread``), so with attention DP the counts and KV
         blocks are attention-DP rank 0's alone."""
         self.iteration += 1
@@ -559,7 +561,10 @@ class LLM:
                        prompt_adapter_request=None, streaming: bool = False, kv_cache_retention_config=None,
                        disaggregated_params: DisaggregatedParams | None = None, _postproc_params=None,
                        scheduling_params: SchedulingParams | None = None, cache_salt: str | None = None,
-                       trace_headers=None):  # llmapi/llm.py generate_async: OpenTelemetry trace headers
+                       trace_headers=None):
+        # llmapi/llm.py generate_async: trace_headers came with OpenTelemetry tracing (TensorRT-LLM
+        # PR #5897, 2025, with llm_args otlp_traces_endpoint); the 1.1-era signature ends at
+        # cache_salt (the adapter inspects the signature; tests cover both)
         if self._executor is None:  # llmapi/llm.py generate_async, after shutdown
             raise RuntimeError("LLM is shutting down")
         sp = sampling_params or SamplingParams()
