@@ -658,6 +658,12 @@ class EngineBackend(abc.ABC):
         """Cheap liveness checks (scheduler, model, kv_connector...); never raises."""
         return []
 
+    def dead(self) -> str | None:
+        """Why the engine can serve nothing more (its process died), or None while it lives. Polled
+        by the server's watchdog (cheap, never raises): a reason ends every open stream and
+        subscription with one terminal retryable error and turns Health NOT_READY."""
+        return None
+
     async def probe(self, model: str, role: EngineRole) -> None:
         """A minimal role-appropriate inference; raise to report failure.
 

@@ -68,6 +68,14 @@ class ServerConfig(BaseModel):
     surfaces: tuple[str, ...] = SURFACES
     coalesce_max_delay_ms: float = Field(0.0, ge=0)  # off until it measures better (README Performance)
     max_subscriptions: int | None = Field(64, gt=0)  # open KV + runtime event subscriptions
+    # connections (gRPC core's keepalive and idle limits) and the watchdogs (core.watchdog); 0 = off
+    keepalive_time_s: float = Field(60.0, ge=0)  # ping an idle connection this often (gRPC's default: 2 h)
+    keepalive_timeout_s: float = Field(20.0, gt=0)  # close it when the ping is not answered within this
+    keepalive_min_client_interval_s: float = Field(10.0, ge=0)  # clients may ping this often, calls or not
+    max_connection_idle_s: float = Field(1800.0, ge=0)  # close a connection with no RPC this long (GOAWAY)
+    max_connection_age_s: float = Field(0.0, ge=0)  # off: it would end long streams and subscriptions
+    stall_timeout_s: float = Field(30.0, ge=0)  # end a stream whose client takes no message this long
+    progress_timeout_s: float = Field(120.0, ge=0)  # work pending, no engine progress this long: hung
     metrics: bool = False  # our Prometheus metrics in the default registry (the engine's /metrics in plugin mode)
     metrics_port: int | None = Field(None, ge=0, le=65535)  # a sidecar serves that registry here
     security: SecurityConfig = SecurityConfig()  # TLS, keys, operator policy, reflection, LoRA root
@@ -120,23 +128,48 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-subscriptions", type=int, default=d.max_subscriptions,
                        help="open KV and runtime event subscriptions at once; beyond it RESOURCE_EXHAUSTED "
                             "with the retry hint")
+    group.add_argument("--keepalive-time-s", type=float, default=d.keepalive_time_s,
+                       help="ping a connection that sent nothing for this long; 0 = gRPC's default (2 h)")
+    group.add_argument("--keepalive-timeout-s", type=float, default=d.keepalive_timeout_s,
+                       help="close the connection (and end its streams) when a ping is not answered within this")
+    group.add_argument("--keepalive-min-client-interval-s", type=float, default=d.keepalive_min_client_interval_s,
+                       help="clients may send keepalive pings this often, with or without calls (more often: GOAWAY)")
+    group.add_argument("--max-connection-idle-s", type=float, default=d.max_connection_idle_s,
+                       help="close a connection with no RPC for this long (clients reconnect); 0 = never")
+    group.add_argument("--max-connection-age-s", type=float, default=d.max_connection_age_s,
+                       help="close every connection after this long, streams given --drain-grace-s; 0 = never")
+    group.add_argument("--stall-timeout-s", type=float, default=d.stall_timeout_s,
+                       help="end a Generate or subscription whose client has not taken a message for this long, "
+                            "freeing its engine request and admission slot; 0 = never")
+    group.add_argument("--progress-timeout-s", type=float, default=d.progress_timeout_s,
+                       help="work pending and no engine progress for this long: Health NOT_READY and every open "
+                            "stream ends with a retryable error; 0 = never")
     group.add_argument("--surfaces", default="both",
                        help="contract surfaces to serve on the port: revision-1 (openengine.v1.OpenEngine), "
                             "v0.1.0 (openengine.v1.Inference + Control), or both (default)")
     add_security_args(parser)
 
 
+# the plugins' variables of the numeric flags (``--max-subscriptions`` -> OPENENGINE_MAX_SUBSCRIPTIONS)
+PLUGIN_ENV = {name: "OPENENGINE_" + name.upper() for name in (
+    "max_subscriptions", "drain_grace_s", "retry_after_ms", "keepalive_time_s", "keepalive_timeout_s",
+    "keepalive_min_client_interval_s", "max_connection_idle_s", "max_connection_age_s", "stall_timeout_s",
+    "progress_timeout_s")}
+
+
 def plugin_server_config(port_env: str, host_env: str, max_in_flight_env: str, *, engine_api_keys=(),
                          engine_admin_api_keys=(), engine_lora_root: str | None = None) -> ServerConfig:
     """The server settings of an in-engine plugin, from its environment (the sidecars' flags as
-    variables): host, port, admission limit, ``OPENENGINE_SURFACES`` (the ``--surfaces`` value) and
-    the security variables (``security.config.ENV``); the engine server's own API keys and LoRA root
-    apply to the gRPC port too."""
+    variables): host, port, admission limit, ``OPENENGINE_SURFACES`` (the ``--surfaces`` value), the
+    numeric flags of ``PLUGIN_ENV`` and the security variables (``security.config.ENV``); the engine
+    server's own API keys and LoRA root apply to the gRPC port too."""
     max_in_flight = os.environ.get(max_in_flight_env)
+    numbers = {name: os.environ[var] for name, var in PLUGIN_ENV.items() if os.environ.get(var, "").strip()}
     return ServerConfig(host=os.environ.get(host_env, "0.0.0.0"), port=int(os.environ[port_env]),
                         max_in_flight=int(max_in_flight) if max_in_flight else None,
                         surfaces=parse_surfaces(os.environ.get(SURFACES_ENV)), metrics=metrics_available(),
-                        security=security_from_env(engine_api_keys, engine_admin_api_keys, engine_lora_root))
+                        security=security_from_env(engine_api_keys, engine_admin_api_keys, engine_lora_root),
+                        **numbers)
 
 
 def server_config_from_args(ns: argparse.Namespace) -> ServerConfig:
@@ -147,8 +180,33 @@ def server_config_from_args(ns: argparse.Namespace) -> ServerConfig:
         surfaces=parse_surfaces(ns.surfaces), coalesce_max_delay_ms=ns.coalesce_max_delay_ms,
         security=security_from_args(ns), metrics=ns.metrics_port is not None, metrics_port=ns.metrics_port,
         max_subscriptions=ns.max_subscriptions,
+        keepalive_time_s=ns.keepalive_time_s, keepalive_timeout_s=ns.keepalive_timeout_s,
+        keepalive_min_client_interval_s=ns.keepalive_min_client_interval_s,
+        max_connection_idle_s=ns.max_connection_idle_s, max_connection_age_s=ns.max_connection_age_s,
+        stall_timeout_s=ns.stall_timeout_s, progress_timeout_s=ns.progress_timeout_s,
         reuse_port=getattr(ns, "reuse_port", False),
     )
+
+
+def connection_options(config: ServerConfig) -> list[tuple[str, int]]:
+    """gRPC core's keepalive and idle limits, as production gRPC servers set them: a dead peer (no FIN)
+    is found within keepalive time + timeout, pings keep going on a connection whose stream is
+    blocked (no data to send), and clients may keep their connections alive with pings."""
+    ms = lambda s: int(s * 1000)  # noqa: E731
+    options = [("grpc.keepalive_timeout_ms", ms(config.keepalive_timeout_s)),
+               ("grpc.http2.ping_timeout_ms", ms(config.keepalive_timeout_s)),  # core >= 1.6x times pings by this
+               ("grpc.http2.max_pings_without_data", 0),  # core's default stops pinging after 2
+               ("grpc.keepalive_permit_without_calls", 1),
+               ("grpc.http2.min_recv_ping_interval_without_data_ms", ms(config.keepalive_min_client_interval_s)),
+               ("grpc.http2.min_ping_interval_without_data_ms", ms(config.keepalive_min_client_interval_s))]
+    if config.keepalive_time_s > 0:
+        options.append(("grpc.keepalive_time_ms", ms(config.keepalive_time_s)))
+    if config.max_connection_idle_s > 0:
+        options.append(("grpc.max_connection_idle_ms", ms(config.max_connection_idle_s)))
+    if config.max_connection_age_s > 0:
+        options += [("grpc.max_connection_age_ms", ms(config.max_connection_age_s)),
+                    ("grpc.max_connection_age_grace_ms", ms(config.drain_grace_s))]
+    return options
 
 
 class PortInUse(OSError):
@@ -228,6 +286,8 @@ class OpenEngineServer:
             coalesce_max_delay_ms=config.coalesce_max_delay_ms,
             lora_root=config.security.lora_root,
             max_subscriptions=config.max_subscriptions,
+            stall_timeout_s=config.stall_timeout_s,
+            progress_timeout_s=config.progress_timeout_s,
         ))
         limit = config.max_message_mb * 1024 * 1024
         self.security = ServerSecurity(config.security)
@@ -237,6 +297,7 @@ class OpenEngineServer:
             ("grpc.max_send_message_length", limit),
             ("grpc.max_receive_message_length", limit),
             ("grpc.so_reuseport", 1 if config.reuse_port else 0),
+            *connection_options(config),
         ])
         self.grpc_health = health.aio.HealthServicer()
         self.service.health.grpc_health = self.grpc_health

@@ -1,4 +1,5 @@
-"""OpenEngine health: the backend's checks, the role, the drain state and an optional probe.
+"""OpenEngine health: the backend's checks, the role, the drain state, the progress watchdog
+(``core.watchdog``: a hung or dead engine is NOT_READY) and an optional probe.
 
 The same state drives the standard ``grpc.health.v1`` service (SERVING only when READY or
 DEGRADED), refreshed by a background monitor and immediately on drain.
@@ -40,6 +41,7 @@ class HealthReporter:
         self.service_names: tuple[str, ...] = ()  # the served OpenEngine services, set by the server
         self.probe_timeout_s = probe_timeout_s
         self.state = HealthState.STARTING
+        self.watchdog = None  # core.watchdog.Watchdog: a hung or dead engine is NOT_READY
         lifecycle.listeners.append(lambda: asyncio.ensure_future(self.refresh()))
 
     async def _backend_checks(self) -> list[HealthCheckResult]:
@@ -53,6 +55,13 @@ class HealthReporter:
                      ) -> tuple[HealthState, list[HealthCheckResult]]:
         checks = [HealthCheckResult("grpc", HealthState.READY, "serving")]
         checks += await self._backend_checks()
+        wd = self.watchdog
+        if wd is not None and wd.dead_reason:
+            checks.append(HealthCheckResult("progress", HealthState.NOT_READY, f"the engine died: {wd.dead_reason}"))
+        elif wd is not None and wd.hung:
+            checks.append(HealthCheckResult(
+                "progress", HealthState.NOT_READY,
+                f"work pending and no engine progress for over {wd.progress_timeout_s:g} s"))
         if expected_role not in (EngineRole.UNSPECIFIED, self.role):
             checks.append(HealthCheckResult(
                 "role", HealthState.NOT_READY,

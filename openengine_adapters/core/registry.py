@@ -21,7 +21,8 @@ from openengine_adapters.types import ErrorCode
 class LiveRequest:
     """A request between acceptance and the engine confirming it ended."""
 
-    __slots__ = ("request_id", "kv_session_id", "abort_code", "abort_message", "on_abort", "ended")
+    __slots__ = ("request_id", "kv_session_id", "abort_code", "abort_message", "on_abort", "ended", "watch",
+                 "ending")
 
     def __init__(self, request_id: str, kv_session_id: str | None) -> None:
         self.request_id = request_id
@@ -30,6 +31,8 @@ class LiveRequest:
         self.abort_message = ""
         self.on_abort: Callable[[], None] | None = None
         self.ended = asyncio.Event()
+        self.watch = None  # the Generate stream's core.watchdog.Watch (None for tasks)
+        self.ending = False  # its clean-up has begun (the stream's own or the stall watchdog's)
 
     @property
     def aborted(self) -> bool:

@@ -36,6 +36,7 @@ from openengine_adapters.core.drain import Lifecycle, run_drain
 from openengine_adapters.core.health import HealthReporter
 from openengine_adapters.core.registry import LiveRequest, RequestRegistry
 from openengine_adapters.core.stream import GenerateStream, engine_error
+from openengine_adapters.core.watchdog import Watch, Watchdog
 from openengine_adapters.errors import (
     ERROR_TRAILER,
     RETRY_AFTER_TRAILER,
@@ -64,6 +65,8 @@ from openengine_adapters.validation.tasks import parse_classify, parse_embed, pa
 log = logging.getLogger(__name__)
 
 ABORT_TIMEOUT_S = 10.0
+ABORT_CONFIRM_S = 2.0  # Abort waits this long for its targets to end before it interrupts their streams
+SHUTDOWN_ABORT_GRACE_S = 3.0  # SIGTERM: after the drain grace, how long aborted work may take to end
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,8 @@ class ServiceOptions:
     coalesce_max_delay_ms: float = 0.0  # > 0 turns adaptive coalescing on (experimental)
     lora_root: str | None = None  # LoadLora takes only directories under it (None: any, loopback callers only)
     max_subscriptions: int | None = 64  # open KV + runtime event subscriptions; None = unlimited
+    stall_timeout_s: float = 30.0  # a stream whose client takes no message for this long is ended; 0 = off
+    progress_timeout_s: float = 120.0  # work pending and no engine progress this long = hung; 0 = off
 
 
 def _unimplemented(what: str) -> RequestRejected:
@@ -158,6 +163,11 @@ class EngineService:
         self._lora_lock = asyncio.Lock()
         self._cleanups: set[asyncio.Task] = set()
         self.subscriptions = 0  # open KV and runtime event streams (each costs every engine step)
+        self.watchdog = Watchdog(options.stall_timeout_s, options.progress_timeout_s,
+                                 pending_work=lambda: len(self.registry), dead=self._engine_dead,
+                                 on_engine_failure=self._end_all_streams,
+                                 on_state_change=lambda: self._background(self.health.refresh()))
+        self.health.watchdog = self.watchdog
         conn = backend.kv_connector()
         self._engine = EngineContext(
             role=self.identity.role,
@@ -194,6 +204,30 @@ class EngineService:
         if Feature.LORA in self.backend.features:
             for adapter in await self.backend.list_loras():
                 self._loras[adapter.lora_name] = adapter
+        self.watchdog.start()
+
+    def _engine_dead(self) -> str | None:
+        try:
+            return self.backend.dead()
+        except Exception as exc:  # a broken hook is a dead engine's symptom, never a crash
+            return f"the engine's liveness check failed: {exc}"
+
+    def _end_all_streams(self, failure: EngineFailure) -> None:
+        """A hung or dead engine: every request and subscription ends with ``failure`` (retryable)."""
+        for entry in self.registry.live():
+            entry.mark_aborted(failure.code, failure.message)
+        for watch in list(self.watchdog.streams):
+            watch.interrupt(failure)
+
+    def _stalled(self, entry: LiveRequest, chunks, watch: Watch) -> None:
+        """The client of a Generate stream took no message for the stall time: free the request
+        (engine abort, id, admission slot) now and cancel the RPC; the stream's generator, suspended
+        in ``yield``, may never run its own clean-up."""
+        entry.mark_aborted(ErrorCode.OVERLOADED,
+                           f"the client took no message for {self.options.stall_timeout_s:g} s")
+        self._background(self._end_request(entry, chunks, engine_running=True))
+        if watch.task is not None:
+            watch.task.cancel()
 
     # ------------------------------------------------------------------ generation
 
@@ -212,8 +246,11 @@ class EngineService:
                                                   ErrorCode.INTERNAL))
             return
         assembler = GenerateStream(params, prefill=self.identity.role == EngineRole.PREFILL)
-        clean = engine_ended = False
+        clean = engine_ended = interrupted = False
+        watch = entry.watch = self.watchdog.watch(lambda: self._stalled(entry, chunks, watch))
+        now = time.monotonic
         try:
+            final: list = []
             try:
                 if entry.aborted:  # Abort arrived while the engine was taking the request
                     await self.backend.abort([entry.request_id])
@@ -224,39 +261,50 @@ class EngineService:
                 async with contextlib.aclosing(batches):
                     async for batch in batches:
                         for response in batch:
+                            watch.pending_since = now()  # the stall watchdog times the client's read
                             yield response
+                        watch.pending_since = None
                 engine_ended = ended[0]
-                if not assembler.done:
-                    if entry.abort_code == ErrorCode.CANCELLED:
-                        for response in assembler.cancel_remaining(entry.abort_message):
-                            yield response
-                    elif entry.aborted:
-                        yield assembler.error(EngineFailure(
-                            entry.abort_code, entry.abort_message, retryable=True, retry_after_ms=0))
-                    else:
-                        yield assembler.error(assembler.incomplete())
+            except asyncio.CancelledError:
+                if not watch.claims(asyncio.current_task()):
+                    raise
+                interrupted = True  # a hung or dead engine, or an Abort it did not act on
             except EngineFailure as failure:
                 if not assembler.done:
-                    yield assembler.error(failure)
-            except (asyncio.CancelledError, GeneratorExit):
-                raise
+                    final = [assembler.error(failure)]
             except Exception as exc:
                 log.exception("request %s failed in the engine", params.request_id)
                 if not assembler.done:
-                    yield assembler.error(EngineFailure(ErrorCode.INTERNAL, f"engine error: {exc}"))
+                    final = [assembler.error(EngineFailure(ErrorCode.INTERNAL, f"engine error: {exc}"))]
+            if not assembler.done and not final:
+                if entry.abort_code == ErrorCode.CANCELLED:
+                    final = assembler.cancel_remaining(entry.abort_message)
+                elif entry.aborted:
+                    final = [assembler.error(EngineFailure(
+                        entry.abort_code, entry.abort_message, retryable=True, retry_after_ms=0))]
+                elif watch.failure is not None:
+                    final = [assembler.error(watch.failure)]
+                else:
+                    final = [assembler.error(assembler.incomplete())]
+            for response in final:
+                watch.pending_since = now()
+                yield response
             clean = True
         finally:
+            self.watchdog.streams.discard(watch)
             # the engine is told to stop unless its own stream ended the request
             cleanup = self._end_request(entry, chunks, engine_running=not engine_ended)
-            if clean:
+            if clean and not interrupted:
                 await cleanup
-            else:  # cancelled: finish off the engine work without blocking the cancellation
+            else:  # cancelled or interrupted: finish off the engine work without holding the stream
                 self._background(cleanup)
 
     async def _batches(self, entry: LiveRequest, chunks, assembler: GenerateStream, ended: list[bool]):
         """The responses of each engine chunk, in order; ``ended[0]`` is set when the engine's own
         stream ended the request (so it need not be told to stop)."""
+        watchdog = self.watchdog
         async for chunk in chunks:
+            watchdog.progress += 1
             if entry.aborted and entry.abort_code != ErrorCode.CANCELLED:
                 return  # a drain abort ends with its retryable error, whatever the engine sent
             if chunk.prefill_ready is not None:
@@ -310,7 +358,11 @@ class EngineService:
 
     async def _end_request(self, entry: LiveRequest, chunks, engine_running: bool) -> None:
         """Stop the engine work (if it still runs) and close the chunk stream; each step is bounded,
-        so a dead engine cannot hold the request's id and admission slot forever."""
+        so a dead engine cannot hold the request's id and admission slot forever. Runs once per
+        request (the stream's own clean-up and the stall watchdog's may both ask)."""
+        if entry.ending:
+            return
+        entry.ending = True
         steps = []
         if engine_running and Feature.ABORT in self.backend.features:
             steps.append(lambda: self.backend.abort([entry.request_id]))
@@ -342,12 +394,13 @@ class EngineService:
         entry.on_abort = work.cancel
         try:
             result = await work
+            self.watchdog.progress += 1
             return build(params, result, getattr(card.tasks, task))
         except asyncio.CancelledError:
             if work.cancelled() and entry.aborted and asyncio.current_task().cancelling() == 0:
                 failure = RequestRejected(
                     STATUS_FOR_CODE[entry.abort_code], entry.abort_message, entry.abort_code,
-                    retry_after_ms=0 if entry.abort_code == ErrorCode.DRAINING else None)
+                    retry_after_ms=None if entry.abort_code == ErrorCode.CANCELLED else 0)
             else:  # the client went away: stop the engine work
                 work.cancel()
                 raise
@@ -403,7 +456,13 @@ class EngineService:
             snapshot = dataclasses.replace(snapshot, timestamp_unix_nanos=time.time_ns())
         if not include_per_rank and snapshot.ranks:
             snapshot = dataclasses.replace(snapshot, ranks=())
-        return snapshot
+        # the watchdogs' findings, once there are any: the contract's place for them is the attributes map
+        wd, extra = self.watchdog, {}
+        if wd.stalled_streams:
+            extra["openengine.stalled_streams_ended"] = wd.stalled_streams
+        if wd.hung or wd.dead_reason:
+            extra["openengine.engine_hung"] = True
+        return dataclasses.replace(snapshot, attributes={**snapshot.attributes, **extra}) if extra else snapshot
 
     @_unary
     async def GetLoad(self, request: observability_pb2.GetLoadRequest, context):
@@ -426,11 +485,34 @@ class EngineService:
             resp.checks.add(name=c.name, state=int(c.state), message=c.message)
         return resp
 
-    async def abort_entries(self, entries: list[LiveRequest], code: ErrorCode, message: str) -> int:
+    async def abort_entries(self, entries: list[LiveRequest], code: ErrorCode, message: str,
+                            confirm_s: float = ABORT_CONFIRM_S) -> int:
+        """Abort ``entries``; the number that really ended. The engine is told to stop them; a stream
+        the engine does not end within ``confirm_s`` (a hung engine) is interrupted, ending with its
+        terminal event; one that still does not end (its client does not read) is not counted."""
         targets = [e for e in entries if e.mark_aborted(code, message)]
-        if targets:
-            await self.backend.abort([e.request_id for e in targets])
-        return len(targets)
+        if not targets:
+            return 0
+        try:
+            await asyncio.wait_for(self.backend.abort([e.request_id for e in targets]), confirm_s)
+        except TimeoutError:  # a hung engine: its streams are interrupted below
+            log.warning("the engine did not take the abort of %d requests within %g s", len(targets), confirm_s)
+        if await self._wait_ended(targets, confirm_s):
+            for e in targets:
+                if not e.ended.is_set() and e.watch is not None:
+                    e.watch.interrupt(EngineFailure(e.abort_code, e.abort_message, retryable=True))
+            await self._wait_ended(targets, confirm_s / 4)
+        return sum(e.ended.is_set() for e in targets)
+
+    @staticmethod
+    async def _wait_ended(entries: list[LiveRequest], timeout: float) -> int:
+        """Wait up to ``timeout`` for ``entries`` to end; how many have not."""
+        waits = [asyncio.ensure_future(e.ended.wait()) for e in entries if not e.ended.is_set()]
+        if waits:
+            await asyncio.wait(waits, timeout=timeout)
+            for w in waits:
+                w.cancel()
+        return sum(not e.ended.is_set() for e in entries)
 
     @_unary
     async def Abort(self, request: lifecycle_pb2.AbortRequest, context):
@@ -452,7 +534,10 @@ class EngineService:
                 if entry.aborted:
                     return lifecycle_pb2.AbortResponse(
                         status=lifecycle_pb2.ABORT_STATUS_ABORTED, message="abort already in progress")
-                await self.abort_entries([entry], ErrorCode.CANCELLED, "aborted by Abort(request_id)")
+                if not await self.abort_entries([entry], ErrorCode.CANCELLED, "aborted by Abort(request_id)"):
+                    return lifecycle_pb2.AbortResponse(
+                        status=lifecycle_pb2.ABORT_STATUS_ABORTED,
+                        message=f"abort requested; the request did not end within {ABORT_CONFIRM_S:g} s")
                 return lifecycle_pb2.AbortResponse(status=lifecycle_pb2.ABORT_STATUS_ABORTED)
             if self.registry.is_finished(rid):
                 return lifecycle_pb2.AbortResponse(status=lifecycle_pb2.ABORT_STATUS_ALREADY_FINISHED)
@@ -529,7 +614,7 @@ class EngineService:
                         grpc.StatusCode.ALREADY_EXISTS,
                         f"adapter: {', '.join(clash)} already used by loaded adapter "
                         f"{other.lora_name!r} (id {other.lora_id}, path {other.source_path!r})",
-                        ErrorCode.INVALID_ARGUMENT)
+                        ErrorCode.DUPLICATE_REQUEST)  # the code of ALREADY_EXISTS (errors.STATUS_FOR_CODE)
             await self.backend.load_lora(info)
             self._loras[info.lora_name] = info
         return lora_pb2.LoadLoraResponse(adapter=_lora_message(info), already_loaded=False)
@@ -601,19 +686,40 @@ class EngineService:
                                                   ErrorCode.INTERNAL))
             return
         self.subscriptions += 1
+        held = [True]  # the subscription slot, given back once (here or by the stall watchdog)
+
+        def release() -> None:
+            if held[0]:
+                held[0] = False
+                self.subscriptions -= 1
+
+        def on_stall() -> None:  # the client stopped reading: free the slot, end the RPC
+            release()
+            if watch.task is not None:
+                watch.task.cancel()
+
+        watch = self.watchdog.watch(on_stall)
+        now = time.monotonic
         try:
             async for item in events:
+                watch.pending_since = now()
                 yield wrap(item)
+                watch.pending_since = None
         except EngineFailure as failure:
+            watch.pending_since = now()
             yield response_type(error=engine_error(failure))
-        except (asyncio.CancelledError, GeneratorExit):
-            raise
+        except asyncio.CancelledError:
+            if not watch.claims(asyncio.current_task()):
+                raise
+            watch.pending_since = now()  # a hung or dead engine: one terminal retryable error
+            yield response_type(error=engine_error(watch.failure))
         except Exception as exc:
             log.exception("%s stream failed", what)
             yield response_type(error=engine_error(
                 EngineFailure(ErrorCode.INTERNAL, f"{what} stream failed: {exc}")))
         finally:
-            self.subscriptions -= 1
+            self.watchdog.streams.discard(watch)
+            release()
             aclose = getattr(events, "aclose", None)
             if aclose is not None:
                 await aclose()
@@ -653,11 +759,13 @@ class EngineService:
         request = lifecycle_pb2.DrainRequest(stop_accepting_new_requests=True,
                                              deadline_ms=int(grace_s * 1000),
                                              abort_after_deadline=True)
-        async for event in run_drain(request, self.lifecycle, self._drain_counts, self._abort_for_drain):
+        async for event in run_drain(request, self.lifecycle, self._drain_counts, self._abort_for_drain,
+                                     abort_grace_s=SHUTDOWN_ABORT_GRACE_S):
             if event.HasField("error"):
                 log.error("drain on shutdown ended with an error: %s", event.error.message)
-        if self._cleanups:
-            await asyncio.gather(*self._cleanups, return_exceptions=True)
+        if self._cleanups:  # bounded: a hung engine cannot hold the exit
+            await asyncio.wait(set(self._cleanups), timeout=SHUTDOWN_ABORT_GRACE_S)
+        await self.watchdog.stop()
         if self.coalescer is not None:
             await self.coalescer.lag.stop()
 

@@ -317,6 +317,9 @@ class VllmBackend(be.EngineBackend):
         return [be.HealthCheckResult("scheduler", HealthState.READY, "vLLM engine core is running"),
                 be.HealthCheckResult("model", HealthState.READY, self._card.names[0])]
 
+    def dead(self) -> str | None:
+        return "the vLLM engine core died" if self.engine.errored else None
+
     async def load(self, per_rank: bool) -> be.LoadSnapshot:
         total = self.config.cache_config.num_gpu_blocks
         unfinished = self.engine.get_num_unfinished_requests()
