@@ -12,7 +12,9 @@ depend on; it is imported only when metrics are asked for.
 - ``openengine_generated_tokens_total``: tokens streamed to clients;
 - ``openengine_admitted_requests``: engine requests holding an admission slot;
 - ``openengine_draining``: 1 once the server stops accepting work;
-- ``openengine_coalesced_messages_total``: token messages saved by adaptive coalescing.
+- ``openengine_coalesced_messages_total``: token messages saved by adaptive coalescing;
+- ``openengine_stalled_streams_ended_total``: streams the stall watchdog ended (``core.watchdog``);
+- ``openengine_engine_hung``: 1 while the engine is hung or dead.
 
 The interceptor counts per RPC; for Generate it reads each message's token count, one field
 access per message.
@@ -52,6 +54,9 @@ class ServerMetrics:
               registry=registry).set_function(lambda: len(service.registry))
         Gauge("openengine_draining", "1 once the server stops accepting work",
               registry=registry).set_function(lambda: 0 if service.lifecycle.accepting else 1)
+        Gauge("openengine_engine_hung", "1 while the engine is hung (no progress with work pending) or dead",
+              registry=registry).set_function(lambda: int(service.watchdog.hung or bool(service.watchdog.dead_reason)))
+        registry.register(_StalledStreams(service.watchdog))
         if service.coalescer is not None:
             registry.register(_Coalesced(service.coalescer))
         self.interceptor = MetricsInterceptor(self)
@@ -69,6 +74,20 @@ class _Tracking:
 
     def unregister(self, collector) -> None:
         self._registry.unregister(collector)
+
+
+class _StalledStreams:
+    """``openengine_stalled_streams_ended_total``, read from the watchdog when scraped."""
+
+    def __init__(self, watchdog) -> None:
+        self.watchdog = watchdog
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+
+        yield CounterMetricFamily("openengine_stalled_streams_ended",
+                                  "Streams ended because their client took no message for --stall-timeout-s",
+                                  value=self.watchdog.stalled_streams)
 
 
 class _Coalesced:

@@ -60,7 +60,7 @@ SURFACES = ["revision-1", "v0.1.0"]
 @pytest.mark.parametrize("surface", SURFACES)
 async def test_a_frozen_client_loses_its_stream_and_frees_the_slot(surface):
     fake = long_backend()
-    async with serve_backend(fake, {"max_in_flight": 1, "stall_timeout_s": 1.0}) as h:
+    async with serve_backend(fake, {"max_in_flight": 1, "stall_timeout_s": 1.0, "metrics": True}) as h:
         frozen = grpc.aio.insecure_channel(h.target, options=FROZEN_CLIENT)
         try:
             call = frozen_generate(frozen, surface, "frozen")
@@ -83,6 +83,10 @@ async def test_a_frozen_client_loses_its_stream_and_frees_the_slot(surface):
                 "/openengine.v1.Control/GetLoad", request_serializer=lambda m: m.SerializeToString(),
                 response_deserializer=v01_server.LoadInfo.FromString)(v01_server.GetLoadRequest())
             assert v01_load.attributes["openengine.stalled_streams_ended"] == 1
+            from prometheus_client import REGISTRY
+
+            assert REGISTRY.get_sample_value("openengine_stalled_streams_ended_total") == 1
+            assert REGISTRY.get_sample_value("openengine_engine_hung") == 0
             call.cancel()
         finally:
             await frozen.close()
@@ -199,6 +203,15 @@ async def test_a_dead_engine_ends_idle_subscriptions_with_one_retryable_error():
         assert await runtime.code() == await v01_kv.code() == grpc.StatusCode.OK
         state, status = await health_states(h)
         assert (state, status) == (lifecycle_pb2.HEALTH_STATE_NOT_READY, health_pb2.HealthCheckResponse.NOT_SERVING)
+        # new work is refused before acceptance, retryable elsewhere
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await collect(h.stub, gen_request("x", request_id="after-death"))
+        assert refused.value.code() == grpc.StatusCode.INTERNAL and "engine core exited" in refused.value.details()
+        err = rejection(refused.value)
+        assert (err.code, err.retryable, err.retry_after_ms) == (ErrorCode.INTERNAL, True, 0)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await collect_rest(h.stub.SubscribeRuntimeEvents(observability_pb2.SubscribeRuntimeEventsRequest()))
+        assert refused.value.code() == grpc.StatusCode.INTERNAL
 
 
 async def test_abort_all_ends_the_streams_of_a_hung_engine_and_counts_them():

@@ -206,6 +206,13 @@ class EngineService:
                 self._loras[adapter.lora_name] = adapter
         self.watchdog.start()
 
+    def _check_accepting(self) -> None:
+        """New work is refused while draining, and while the engine is dead (retryable elsewhere)."""
+        self.lifecycle.check_accepting()
+        if self.watchdog.dead_reason:
+            raise RequestRejected(grpc.StatusCode.INTERNAL, f"the engine died: {self.watchdog.dead_reason}",
+                                  ErrorCode.INTERNAL, retry_after_ms=0)
+
     def _engine_dead(self) -> str | None:
         try:
             return self.backend.dead()
@@ -326,7 +333,7 @@ class EngineService:
 
     async def _accept_generate(self, request, extra, trace_headers):
         self._require(Feature.GENERATE, "Generate")
-        self.lifecycle.check_accepting()
+        self._check_accepting()
         check_request_id(request.request_id, "request_id")
         request_id = request.request_id or f"oe-{uuid.uuid4().hex}"
         card = self.catalog.resolve(request.model)
@@ -385,7 +392,7 @@ class EngineService:
         try:
             # no _require here: without the feature no card advertises the task, and the spec
             # answers an unsupported task with FAILED_PRECONDITION (from parse)
-            self.lifecycle.check_accepting()
+            self._check_accepting()
             card, params = parse(request, self.catalog, self._loras)
             entry = self._admit(params.context.request_id)
         except RequestRejected as r:
@@ -665,7 +672,7 @@ class EngineService:
                             response_type) -> AsyncIterator:
         try:
             self._require(feature, what)
-            self.lifecycle.check_accepting()
+            self._check_accepting()
             limit = self.options.max_subscriptions
             if limit is not None and self.subscriptions >= limit:
                 raise RequestRejected(
