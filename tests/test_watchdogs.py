@@ -60,11 +60,12 @@ SURFACES = ["revision-1", "v0.1.0"]
 @pytest.mark.parametrize("surface", SURFACES)
 async def test_a_frozen_client_loses_its_stream_and_frees_the_slot(surface):
     fake = long_backend()
-    async with serve_backend(fake, {"max_in_flight": 1, "stall_timeout_s": 1.0, "metrics": True}) as h:
+    n = 3
+    async with serve_backend(fake, {"max_in_flight": n, "stall_timeout_s": 1.0, "metrics": True}) as h:
         frozen = grpc.aio.insecure_channel(h.target, options=FROZEN_CLIENT)
         try:
-            call = frozen_generate(frozen, surface, "frozen")
-            await settle(lambda: h.service.admission.in_flight == 1)
+            calls = [frozen_generate(frozen, surface, f"frozen{i}") for i in range(n)]
+            await settle(lambda: h.service.admission.in_flight == n)
             # the slot is held while the client does not read ...
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await collect(h.stub, gen_request("x", request_id="blocked"))
@@ -72,22 +73,23 @@ async def test_a_frozen_client_loses_its_stream_and_frees_the_slot(surface):
             # ... until the stall watchdog ends the stream: engine request aborted, slot and id free
             waited = await settle(lambda: h.service.admission.in_flight == 0 and len(h.service.registry) == 0)
             assert waited < 5
-            assert "frozen" in fake.aborted
+            assert sorted(fake.aborted) == [f"frozen{i}" for i in range(n)]
             assert not fake.running
             events = await collect(h.stub, gen_request("x", request_id="after",
                                                        stopping=g.StoppingOptions(max_tokens=4)))
             assert events[-1].finished.output_index == 0
             load = await h.stub.GetLoad(observability_pb2.GetLoadRequest())
-            assert load.attributes["openengine.stalled_streams_ended"] == "1"
+            assert load.attributes["openengine.stalled_streams_ended"] == str(n)
             v01_load = await h.channel.unary_unary(
                 "/openengine.v1.Control/GetLoad", request_serializer=lambda m: m.SerializeToString(),
                 response_deserializer=v01_server.LoadInfo.FromString)(v01_server.GetLoadRequest())
-            assert v01_load.attributes["openengine.stalled_streams_ended"] == 1
+            assert v01_load.attributes["openengine.stalled_streams_ended"] == n
             from prometheus_client import REGISTRY
 
-            assert REGISTRY.get_sample_value("openengine_stalled_streams_ended_total") == 1
+            assert REGISTRY.get_sample_value("openengine_stalled_streams_ended_total") == n
             assert REGISTRY.get_sample_value("openengine_engine_hung") == 0
-            call.cancel()
+            for call in calls:
+                call.cancel()
         finally:
             await frozen.close()
 

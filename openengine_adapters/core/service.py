@@ -505,8 +505,8 @@ class EngineService:
         except TimeoutError:  # a hung engine: its streams are interrupted below
             log.warning("the engine did not take the abort of %d requests within %g s", len(targets), confirm_s)
         if await self._wait_ended(targets, confirm_s):
-            for e in targets:
-                if not e.ended.is_set() and e.watch is not None:
+            for e in targets:  # a stream still open (its watch still watched), not one in its clean-up
+                if not e.ended.is_set() and e.watch in self.watchdog.streams:
                     e.watch.interrupt(EngineFailure(e.abort_code, e.abort_message, retryable=True))
             await self._wait_ended(targets, confirm_s / 4)
         return sum(e.ended.is_set() for e in targets)
