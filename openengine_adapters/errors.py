@@ -98,6 +98,28 @@ def role_mismatch(message: str) -> RequestRejected:
     return RequestRejected(grpc.StatusCode.FAILED_PRECONDITION, message, ErrorCode.ROLE_MISMATCH)
 
 
+# The refusals engine adapters raise: they name an error code and a situation, never a gRPC status
+# (engine packages do not import grpc; the status is derived here, in one place).
+
+
+def rejected(code: ErrorCode, message: str, *, retry_after_ms: int | None = None) -> RequestRejected:
+    """A refusal whose status is the one ``code`` maps to (``STATUS_FOR_CODE``)."""
+    return RequestRejected(STATUS_FOR_CODE[code], message, code, retry_after_ms=retry_after_ms)
+
+
+def engine_refused(message: str) -> RequestRejected:
+    """The engine would not take a well-formed request (it is stopping, its queue broke):
+    UNAVAILABLE, so a client may retry elsewhere."""
+    return RequestRejected(grpc.StatusCode.UNAVAILABLE, message, ErrorCode.INTERNAL)
+
+
+def precondition(message: str, *, retry_after_ms: int | None = None) -> RequestRejected:
+    """Valid, but not in the engine's present state (an adapter in use, an engine-side refusal
+    of a control call): FAILED_PRECONDITION, retryable when ``retry_after_ms`` is given."""
+    return RequestRejected(grpc.StatusCode.FAILED_PRECONDITION, message, ErrorCode.INVALID_ARGUMENT,
+                           retry_after_ms=retry_after_ms)
+
+
 class EngineFailure(Exception):
     """Failed after acceptance: exactly one terminal ``EngineError`` reports it."""
 

@@ -88,20 +88,6 @@ def test_prompt_must_match_the_prefilled_one():
         handoff.check_prompt([1, 2, 4])
 
 
-def test_session_table_tracks_both_sides():
-    table = disagg.SessionTable(capacity=2)
-    table.hand_off("a", lease_s=60)
-    table.hand_off("b", lease_s=0)  # already expired
-    assert table.held() == 1
-    assert table.forget("a") and not table.forget("a") and table.held() == 0
-    table.consume("k")
-    with pytest.raises(RequestRejected) as err:
-        table.consume("k")
-    assert err.value.code == ErrorCode.KV_SESSION_NOT_FOUND
-    table.unconsume("k")
-    table.consume("k")  # usable again after a refused attempt
-
-
 def test_connector_info_is_truthful_per_role():
     info = NIXL.info(EngineRole.DECODE, 14)
     assert info.transfer_backend == "nixl" and info.supports_remote_prefill and info.supports_decode_pull

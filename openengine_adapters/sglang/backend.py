@@ -19,15 +19,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-
 from openengine_adapters import backend as be
-from openengine_adapters.errors import EngineFailure, RequestRejected, invalid, unsupported
+from openengine_adapters.engine_kit.sessions import SessionTable, check_seal, seal
+from openengine_adapters.errors import (
+    EngineFailure,
+    RequestRejected,
+    engine_refused,
+    invalid,
+    not_found,
+    precondition,
+    rejected,
+    unsupported,
+)
 from openengine_adapters.label_scores import label_score_result
 from openengine_adapters.sglang import pooling, translate
 from openengine_adapters.types import (
@@ -117,7 +124,7 @@ class SglangBackend(be.EngineBackend):
         self._kv_publishers = self._kv_event_publishers()
         self._kv_bridge = None
         self._live: dict[str, list[str]] = {}
-        self._sessions: OrderedDict[str, list[str]] = OrderedDict()
+        self.sessions = SessionTable(options.max_open_sessions)  # prefill: session -> rids; decode: rooms used
         self._loras: dict[str, be.LoraAdapterInfo] = {}
         self._host = options.advertise_host
         self._card = self._build_card()
@@ -389,14 +396,14 @@ class SglangBackend(be.EngineBackend):
                           "OpenEngine's ordering")
         if self.role == EngineRole.DECODE and params.kv_session is not None:
             kw = translate.decode_session(params.kv_session.attributes)
+            check_seal(params.kv_session.attributes, params.prompt, params.token_ids)
             if self.transfer_backend == "fake" and kw["bootstrap_host"] != translate.FAKE_BOOTSTRAP_HOST:
                 # SGLang 0.5.23's decode scheduler crashes resolving a real bootstrap address on
                 # the fake backend (FakeKVManager has no prefill_info_table)
                 raise invalid(f"kv.session.attributes_struct.bootstrap_host: the fake transfer backend takes only "
                               f"SGLang's fake bootstrap host {translate.FAKE_BOOTSTRAP_HOST}")
         if params.lora_name and params.lora_name not in self._loras:
-            raise RequestRejected(grpc.StatusCode.NOT_FOUND, f"lora_name: adapter {params.lora_name!r} is not loaded",
-                                  ErrorCode.MODEL_NOT_FOUND)
+            raise not_found(f"lora_name: adapter {params.lora_name!r} is not loaded", ErrorCode.MODEL_NOT_FOUND)
 
     def _disagg(self, params: be.GenerateParams) -> tuple[dict[str, Any] | None, be.KvSession | None]:
         if self.role == EngineRole.PREFILL:
@@ -405,7 +412,8 @@ class SglangBackend(be.EngineBackend):
             session = be.KvSession(
                 session_id=params.request_id, transfer_backend=self.transfer_backend,
                 endpoints=(be.KvEndpoint(self.host, self.bootstrap_port, BOOTSTRAP_PROTOCOL),), dp_rank=rank,
-                attributes=translate.encode_session(self.host, self.bootstrap_port, room, rank))
+                attributes={**translate.encode_session(self.host, self.bootstrap_port, room, rank),
+                            **seal(params.prompt, params.token_ids)})
             return {"bootstrap_host": self.host, "bootstrap_port": self.bootstrap_port, "bootstrap_room": room}, session
         if self.role == EngineRole.DECODE and params.kv_session is not None:
             return translate.decode_session(params.kv_session.attributes), None
@@ -417,12 +425,17 @@ class SglangBackend(be.EngineBackend):
         n = params.sampling.num_sequences
         rids = translate.engine_rids(params.request_id, n)
         disagg, session = self._disagg(params)
+        used = translate.session_key(disagg) if self.role == EngineRole.DECODE and disagg else None
+        if used is not None:
+            self.sessions.consume(used)  # a second decode would pull KV the prefill side released
         try:
             prefill_len = 1 if self.role == EngineRole.PREFILL else None  # the prefill side samples one token
             objs = [GenerateReqInput(**translate.request_kwargs(params, rid, i, disagg=disagg,
                                                                 max_new_tokens=prefill_len))
                     for i, rid in enumerate(rids)]
         except (ValueError, TypeError) as exc:
+            if used is not None:
+                self.sessions.unconsume(used)
             raise invalid(f"request: rejected by SGLang: {exc}") from None
         gens = [self.tm.generate_request(obj, None) for obj in objs]
         self._live[params.request_id] = rids
@@ -437,13 +450,13 @@ class SglangBackend(be.EngineBackend):
         failure = next((r for r in results if isinstance(r, BaseException)), None)
         if failure is not None:
             await self._close(params.request_id, rids, gens)
+            if used is not None:
+                self.sessions.unconsume(used)
             if isinstance(failure, StopAsyncIteration):
-                raise RequestRejected(grpc.StatusCode.INTERNAL, "SGLang ended the request without output",
-                                      ErrorCode.INTERNAL)
+                raise rejected(ErrorCode.INTERNAL, "SGLang ended the request without output")
             if isinstance(failure, ValueError | TypeError):
                 raise invalid(f"request: rejected by SGLang: {failure}")
-            raise RequestRejected(grpc.StatusCode.UNAVAILABLE, f"SGLang refused the request: {failure}",
-                                  ErrorCode.INTERNAL)
+            raise engine_refused(f"SGLang refused the request: {failure}")
         return self._stream(params, rids, gens, results, session)
 
     async def _stream(self, params: be.GenerateParams, rids: list[str], gens: list, firsts: list, session):
@@ -589,9 +602,7 @@ class SglangBackend(be.EngineBackend):
     def _handoff(self, params: be.GenerateParams, session: be.KvSession | None, rids: list[str]) -> be.KvSession:
         if session is None:
             raise EngineFailure(ErrorCode.INTERNAL, "prefill finished without a bootstrap session")
-        self._sessions[session.session_id] = rids
-        while len(self._sessions) > self.options.max_open_sessions:
-            self._sessions.popitem(last=False)
+        self.sessions.hand_off(session.session_id, rids)
         return session
 
     async def abort(self, request_ids: Sequence[str]) -> None:
@@ -602,15 +613,15 @@ class SglangBackend(be.EngineBackend):
     async def release_kv_session(self, session: be.KvSession) -> bool:
         """Prefill side: SGLang frees the request's KV once the decode side took it; aborting its
         rid stops a transfer still waiting for the decode peer."""
-        rids = self._sessions.pop(session.session_id, None)
-        if rids is None:
+        held, rids = self.sessions.release(session.session_id)
+        if not held:
             return False
         for rid in rids:
             self._abort_rid(rid)
         return True
 
     def open_kv_sessions(self) -> int | None:
-        return len(self._sessions) if self.role == EngineRole.PREFILL else None
+        return self.sessions.held() if self.role == EngineRole.PREFILL else None
 
     # ------------------------------------------------------------------ LoRA
 
@@ -631,9 +642,7 @@ class SglangBackend(be.EngineBackend):
 
         result = await self.tm.unload_lora_adapter(UnloadLoRAAdapterReqInput(lora_name=adapter.lora_name), None)
         if result is not None and getattr(result, "success", True) is False:
-            raise RequestRejected(grpc.StatusCode.FAILED_PRECONDITION,
-                                  f"lora_name: SGLang refused to unload: {getattr(result, 'error_message', '')}",
-                                  ErrorCode.INVALID_ARGUMENT)
+            raise precondition(f"lora_name: SGLang refused to unload: {getattr(result, 'error_message', '')}")
         self._loras.pop(adapter.lora_name, None)
 
     async def list_loras(self) -> list[be.LoraAdapterInfo]:

@@ -215,6 +215,11 @@ def decode_session(attributes: Mapping[str, Any]) -> dict[str, Any]:
     return kw
 
 
+def session_key(disagg: Mapping[str, Any]) -> str:
+    """The handoff a decode consumes: its bootstrap rendezvous (host, port, room)."""
+    return f"{disagg['bootstrap_host']}:{disagg['bootstrap_port']}/{disagg['bootstrap_room']}"
+
+
 # --------------------------------------------------------------------------- output side
 
 

@@ -19,15 +19,14 @@ import inspect
 import json
 import logging
 import os
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-
 from openengine_adapters import backend as be
-from openengine_adapters.errors import EngineFailure, RequestRejected, invalid, not_found
+from openengine_adapters.engine_kit.sessions import SessionTable, check_seal, seal
+from openengine_adapters.errors import EngineFailure, RequestRejected, engine_refused, invalid, not_found, precondition
 from openengine_adapters.guided import guide_kwargs
 from openengine_adapters.label_scores import label_logprobs, label_score_result
 from openengine_adapters.trtllm import translate
@@ -146,7 +145,7 @@ class TrtllmBackend(be.EngineBackend):
         self.stats = StatsCollector()
         self.kv = KvEventTranslator(range(self.tp if self.attention_dp else 1), options.kv_replay_size)
         self._live: dict[str, Any] = {}
-        self._sessions: OrderedDict[str, Any] = OrderedDict()
+        self.sessions = SessionTable(options.max_open_sessions)  # prefill: handed off; decode: handoffs used
         self._loras: dict[str, Any] = {}
         self._lora_info: dict[str, be.LoraAdapterInfo] = {}
         self._lora_in_use: Counter[str] = Counter()
@@ -361,6 +360,7 @@ class TrtllmBackend(be.EngineBackend):
                           f"{self.guided_backend!r} (set per engine, not per request)")
         if self.role == EngineRole.DECODE and params.kv_session is not None:
             translate.decode_disaggregated(params.kv_session, self._disagg_fields())
+            check_seal(params.kv_session.attributes, params.prompt, params.token_ids)
 
     def _disagg_fields(self) -> frozenset[str]:
         """The fields of this TensorRT-LLM's ``DisaggregatedParams`` (they grew after 1.2)."""
@@ -422,6 +422,17 @@ class TrtllmBackend(be.EngineBackend):
         prompt_len = self._prompt_len(params)
         sp = self._sampling_params(params, prompt_len)
         kw = self._engine_kwargs(params)
+        used = translate.session_key(kw["disaggregated_params"]) if self.role == EngineRole.DECODE else None
+        if used is not None:
+            self.sessions.consume(used)  # a second decode would pull KV the prefill side released
+        try:
+            return await self._submit(params, sp, kw, prompt_len)
+        except BaseException:
+            if used is not None:
+                self.sessions.unconsume(used)
+            raise
+
+    async def _submit(self, params: be.GenerateParams, sp, kw: dict[str, Any], prompt_len: int):
         self._submitted = True
         try:
             handle = self.llm.generate_async(translate.prompt_input(params), sp, streaming=True, **kw)
@@ -430,8 +441,7 @@ class TrtllmBackend(be.EngineBackend):
         except Exception as exc:
             if _is_request_error(exc):  # the single-process worker raises it at once
                 raise invalid(f"request: rejected by TensorRT-LLM: {exc}") from None
-            raise RequestRejected(grpc.StatusCode.UNAVAILABLE, f"TensorRT-LLM refused the request: {exc}",
-                                  ErrorCode.INTERNAL) from None
+            raise engine_refused(f"TensorRT-LLM refused the request: {exc}") from None
         self._live[params.request_id] = handle  # Abort during the wait below reaches the engine
         if params.lora_name:
             self._lora_in_use[params.lora_name] += 1
@@ -495,10 +505,9 @@ class TrtllmBackend(be.EngineBackend):
                                 "TensorRT-LLM finished the context-only request without disaggregated params")
         session_id, dp_rank, attributes = translate.encode_disaggregated(dp, params.request_id)
         session = be.KvSession(session_id=session_id, transfer_backend=self.transfer_backend,
-                               dp_rank=dp_rank or params.data_parallel_rank or 0, attributes=attributes)
-        self._sessions[session_id] = out
-        while len(self._sessions) > self.options.max_open_sessions:
-            self._sessions.popitem(last=False)
+                               dp_rank=dp_rank or params.data_parallel_rank or 0,
+                               attributes={**attributes, **seal(params.prompt, params.token_ids)})
+        self.sessions.hand_off(session_id, out)
         return session
 
     async def abort(self, request_ids: Sequence[str]) -> None:
@@ -534,10 +543,10 @@ class TrtllmBackend(be.EngineBackend):
         context-only request has finished, and TensorRT-LLM cannot abort a finished request
         (``executor/base_worker.py`` ``abort_request``); the blocks return to the pool when the
         decode engine has pulled them."""
-        return self._sessions.pop(session.session_id, None) is not None
+        return self.sessions.forget(session.session_id)
 
     def open_kv_sessions(self) -> int | None:
-        return len(self._sessions) if self.role == EngineRole.PREFILL else None
+        return self.sessions.held() if self.role == EngineRole.PREFILL else None
 
     # ------------------------------------------------------------------ LoRA (lazy registry)
 
@@ -575,10 +584,8 @@ class TrtllmBackend(be.EngineBackend):
         the name is unregistered (TensorRT-LLM evicts cached weights itself)."""
         busy = self._lora_in_use.get(adapter.lora_name, 0)
         if busy:
-            raise RequestRejected(grpc.StatusCode.FAILED_PRECONDITION,
-                                  f"lora_name: adapter {adapter.lora_name!r} is in use by {busy} running "
-                                  "request(s); unload it after they finish", ErrorCode.INVALID_ARGUMENT,
-                                  retry_after_ms=100)
+            raise precondition(f"lora_name: adapter {adapter.lora_name!r} is in use by {busy} running "
+                               "request(s); unload it after they finish", retry_after_ms=100)
         self._loras.pop(adapter.lora_name, None)
         self._lora_info.pop(adapter.lora_name, None)
 

@@ -180,6 +180,13 @@ def decode_disaggregated(session: be.KvSession, engine_fields: frozenset[str] = 
     return kw
 
 
+def session_key(dp: Any) -> str:
+    """The handoff a decode consumes: the context request and what locates its worker."""
+    state = getattr(dp, "opaque_state", None)
+    where = base64.b64encode(bytes(state)).decode("ascii") if state else getattr(dp, "ctx_info_endpoint", "")
+    return f"{dp.ctx_request_id}@{where}"
+
+
 def encode_disaggregated(dp: Any, fallback_id: str = "") -> tuple[str, int, dict[str, Any]]:
     """A prefill result's ``DisaggregatedParams`` -> (session_id, dp_rank, JSON-like attributes),
     in the layout above."""

@@ -14,10 +14,9 @@ import uuid
 from collections.abc import Sequence
 from functools import cached_property
 
-import grpc
-
 from openengine_adapters import backend as be
-from openengine_adapters.errors import EngineFailure, RequestRejected, invalid
+from openengine_adapters.engine_kit.sessions import SessionTable
+from openengine_adapters.errors import EngineFailure, RequestRejected, engine_refused, invalid, not_found, rejected
 from openengine_adapters.guided import guide_kwargs
 from openengine_adapters.label_scores import label_score_result
 from openengine_adapters.types import (
@@ -48,8 +47,7 @@ def _client_error(exc: Exception) -> RequestRejected:
     from vllm.exceptions import MaxQueuedTokensError, QueueOverflowError
 
     if isinstance(exc, QueueOverflowError | MaxQueuedTokensError):
-        return RequestRejected(grpc.StatusCode.RESOURCE_EXHAUSTED, f"engine queue is full: {exc}",
-                               ErrorCode.OVERLOADED, retry_after_ms=100)
+        return rejected(ErrorCode.OVERLOADED, f"engine queue is full: {exc}", retry_after_ms=100)
     parameter = getattr(exc, "parameter", None)
     if parameter in ("image", "video", "audio", "multi_modal_data"):  # vLLM names media by modality
         parameter = "media"
@@ -97,7 +95,7 @@ class VllmBackend(be.EngineBackend):
         self.connector = disagg.Connector.from_config(self.config.kv_transfer_config)
         if problem := disagg.role_problem(role, self.config.kv_transfer_config):
             raise ValueError(problem)
-        self.sessions = disagg.SessionTable()
+        self.sessions = SessionTable()
         tokenizer = engine.tokenizer
         self.eos_token_id = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
         self._card = self._build_card()
@@ -405,8 +403,7 @@ class VllmBackend(be.EngineBackend):
             return None
         request = self._loras.get(name)
         if request is None:
-            raise RequestRejected(grpc.StatusCode.NOT_FOUND, f"lora_name: adapter {name!r} is not loaded",
-                                  ErrorCode.MODEL_NOT_FOUND)
+            raise not_found(f"lora_name: adapter {name!r} is not loaded", ErrorCode.MODEL_NOT_FOUND)
         return request
 
     async def generate(self, params: be.GenerateParams):
@@ -462,8 +459,7 @@ class VllmBackend(be.EngineBackend):
 
             if isinstance(exc, VLLMClientError | ValueError | TypeError):
                 raise _client_error(exc) from None
-            raise RequestRejected(grpc.StatusCode.UNAVAILABLE, f"vLLM refused the request: {exc}",
-                                  ErrorCode.INTERNAL) from None
+            raise engine_refused(f"vLLM refused the request: {exc}") from None
 
     async def _stream(self, params: be.GenerateParams, collector, handoff: disagg.Handoff | None = None):
         if self.role == EngineRole.PREFILL:
@@ -515,7 +511,7 @@ class VllmBackend(be.EngineBackend):
                                                          prompt_ids or (), params.data_parallel_rank or 0)
                     except ValueError as exc:
                         raise EngineFailure(ErrorCode.KV_TRANSFER_FAILED, str(exc)) from None
-                    self.sessions.hand_off(session.session_id, self.connector.lease_s)
+                    self.sessions.hand_off(session.session_id, lease_s=self.connector.lease_s)
                     self._transfer_event("prefill_ready", params, session)
                     chunk.prefill_ready = session
                 if finished or chunk.prompt is not None:

@@ -16,19 +16,15 @@ memory of consumed sessions turn both into a status before acceptance.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
-from array import array
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-
 from openengine_adapters import backend as be
-from openengine_adapters.errors import RequestRejected, invalid, not_found
+from openengine_adapters.engine_kit.sessions import DIGEST_KEY, TOKENS_KEY, check_seal, seal
+from openengine_adapters.errors import invalid, not_found
 from openengine_adapters.types import EngineRole, ErrorCode
 from openengine_adapters.validation.kv import restore_struct_ints
 
@@ -68,10 +64,6 @@ def default_role(kv_transfer_config) -> EngineRole:
     if kv_transfer_config is None or not kv_transfer_config.kv_connector:
         return EngineRole.AGGREGATED
     return DEFAULT_ROLE.get(kv_transfer_config.kv_role, EngineRole.AGGREGATED)
-
-
-def prompt_digest(token_ids: Sequence[int]) -> str:
-    return "blake2b-128:" + hashlib.blake2b(array("q", token_ids).tobytes(), digest_size=16).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -132,8 +124,7 @@ class Connector:
             endpoints = (be.KvEndpoint(str(params["remote_host"]), int(params["remote_port"]),
                                        self.transfer_backend),)
         attributes: dict[str, Any] = {
-            "prompt_tokens": len(prompt_token_ids),
-            "prompt_digest": prompt_digest(prompt_token_ids),
+            **seal(None, prompt_token_ids),
             "expires_unix_ms": int((time.time() + self.lease_s) * 1000),
         }
         if params:
@@ -189,52 +180,4 @@ class Handoff:
 
     def check_prompt(self, token_ids: Sequence[int]) -> None:
         """The decode prompt must be the one the KV was computed for."""
-        if self.prompt_tokens is not None and len(token_ids) != self.prompt_tokens:
-            raise invalid(f"prompt: {len(token_ids)} prompt tokens, but the KV session holds KV for "
-                          f"{self.prompt_tokens} (decode must send the prefill's prompt)")
-        if self.digest is not None and prompt_digest(token_ids) != self.digest:
-            raise invalid("prompt: differs from the prompt the KV session was prefilled with "
-                          "(kv.session.attributes_struct.prompt_digest)")
-
-
-class SessionTable:
-    """Sessions by side: handed-off ones a prefill engine still holds KV for (until the lease
-    runs out or Abort/Drain forgets them), and on a decode engine the handoffs already used
-    (a second pull would read blocks the prefill side has freed) and those in flight."""
-
-    def __init__(self, capacity: int = 65536) -> None:
-        self.capacity = capacity
-        self._held: OrderedDict[str, float] = OrderedDict()  # session id -> expiry (monotonic)
-        self._consumed: OrderedDict[str, None] = OrderedDict()
-        self.decoding = 0
-
-    # prefill side
-    def hand_off(self, session_id: str, lease_s: float) -> None:
-        self._held[session_id] = time.monotonic() + lease_s
-        self._held.move_to_end(session_id)
-        while len(self._held) > self.capacity:
-            self._held.popitem(last=False)
-
-    def forget(self, session_id: str) -> bool:
-        return self._held.pop(session_id, None) is not None
-
-    def held(self) -> int:
-        now = time.monotonic()
-        for sid in [s for s, exp in self._held.items() if exp <= now]:
-            del self._held[sid]
-        return len(self._held)
-
-    # decode side
-    def consume(self, key: str) -> None:
-        """Mark a handoff used; a second use is KV_SESSION_NOT_FOUND."""
-        if key in self._consumed:
-            raise RequestRejected(grpc.StatusCode.NOT_FOUND,
-                                  "kv.session: this KV session was already decoded (its KV is released "
-                                  "on the prefill side after the first pull)", ErrorCode.KV_SESSION_NOT_FOUND)
-        self._consumed[key] = None
-        while len(self._consumed) > self.capacity:
-            self._consumed.popitem(last=False)
-
-    def unconsume(self, key: str) -> None:
-        """The decode request was refused after all: the handoff stays usable."""
-        self._consumed.pop(key, None)
+        check_seal({TOKENS_KEY: self.prompt_tokens, DIGEST_KEY: self.digest}, None, token_ids)

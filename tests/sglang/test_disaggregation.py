@@ -16,11 +16,12 @@ import grpc
 import pytest
 import pytest_asyncio
 from conftest import CPU_FLAGS
-from helpers import collect, expect_status, run_v0_1_client, v0_1_conformance
+from helpers import collect, expect_status, rejection, run_v0_1_client, v0_1_conformance
 from sidecar import drain_output, launch, stop
 from stream_contract import check_generate_stream
 
-from openengine_adapters.v1 import engine_pb2, kv_pb2, lifecycle_pb2, openengine_pb2_grpc
+from openengine_adapters.engine_kit.sessions import text_digest
+from openengine_adapters.v1 import engine_pb2, error_pb2, kv_pb2, lifecycle_pb2, openengine_pb2_grpc
 from openengine_adapters.v1 import generation_pb2 as g
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -91,6 +92,27 @@ async def test_decode_rejects_bad_sessions(decode):
     d = req("real-host-on-fake")
     d.kv.session.CopyFrom(session(host="127.0.0.1"))
     await expect_status(decode.stub.Generate(d), grpc.StatusCode.INVALID_ARGUMENT, "bootstrap_host")
+
+
+async def test_decode_takes_a_session_once_and_only_for_its_prompt(decode):
+    """The shared session table's guarantees (engine_kit/sessions.py), as vLLM's: a second decode
+    of one bootstrap room would wait for KV the prefill side already sent; a prompt other than the
+    sealed one would decode on KV computed for a different prompt. Both refused before acceptance."""
+    other = req("pd-other-prompt")
+    other.kv.session.CopyFrom(session(room=777))
+    other.kv.session.attributes_struct.update({"prompt_digest": text_digest("another prompt")})
+    await expect_status(decode.stub.Generate(other), grpc.StatusCode.INVALID_ARGUMENT, "prompt", "differs")
+    sealed = session(room=778)
+    sealed.attributes_struct.update({"prompt_digest": text_digest("the cat sees the dog")})
+    for rid in ("pd-once", "pd-right-prompt"):
+        d = req(rid)
+        d.kv.session.CopyFrom(session(room=777) if rid == "pd-once" else sealed)
+        d.stopping.max_tokens = 2
+        check_generate_stream(d, await collect(decode.stub, d, timeout=120))
+    again = req("pd-again")
+    again.kv.session.CopyFrom(session(room=777))
+    exc = await expect_status(decode.stub.Generate(again), grpc.StatusCode.NOT_FOUND, "already decoded")
+    assert rejection(exc).code == error_pb2.ERROR_CODE_KV_SESSION_NOT_FOUND
 
 
 async def test_decode_health_probe(decode):

@@ -19,6 +19,7 @@ import pytest
 from helpers import collect, expect_status, serve_backend
 from stream_contract import check_generate_stream
 
+from openengine_adapters.engine_kit.sessions import prompt_digest
 from openengine_adapters.sglang.backend import SglangBackend, SglangOptions
 from openengine_adapters.sglang.translate import FAKE_BOOTSTRAP_HOST, decode_session
 from openengine_adapters.v1 import generation_pb2 as g
@@ -108,6 +109,8 @@ async def test_prefill_ready_carries_the_bootstrap_session():
         attrs = dict(ref.attributes_struct)
         assert attrs["bootstrap_host"] == "10.1.2.3" and attrs["bootstrap_port"] == BOOTSTRAP_PORT
         assert attrs["prefill_dp_rank"] == 0
+        # the prompt is sealed in, so a decode engine refuses another prompt (engine_kit/sessions.py)
+        assert attrs["prompt_digest"] == prompt_digest([1, 5, 6, 7, 8]) and attrs["prompt_tokens"] == 5
         # what a decode engine rebuilds from it: the same rendezvous (room as a string above 2^53)
         from google.protobuf import json_format
 

@@ -10,12 +10,13 @@ import fake_trtllm
 import grpc
 import pytest
 from google.protobuf import json_format
-from helpers import collect, expect_status, gen_request, read_rest
+from helpers import collect, expect_status, gen_request, read_rest, rejection
 from stream_contract import check_generate_stream
 
 from openengine_adapters.types import EngineRole
 from openengine_adapters.v1 import (
     engine_pb2,
+    error_pb2,
     input_pb2,
     kv_pb2,
     lifecycle_pb2,
@@ -363,6 +364,36 @@ async def test_prefill_decode_round_trip(serve):
         health = await dec.stub.Health(lifecycle_pb2.HealthRequest(include_inference_probe=True))
         assert health.state == lifecycle_pb2.HEALTH_STATE_READY, health
         assert dec.llm.submitted[-1]["disagg"] is None and dec.llm.submitted[-1]["sp"].max_tokens == 1
+
+
+async def test_a_session_decodes_once_and_only_its_own_prompt(serve):
+    """The shared session table's guarantees (engine_kit/sessions.py): a second decode of one
+    session would pull KV the prefill side released; a decode of another prompt would read KV
+    computed for a different one. Both are refused before acceptance."""
+    async with serve(prefill_args(), role=EngineRole.PREFILL) as pre, \
+            serve(prefill_args(), role=EngineRole.DECODE) as dec:
+        dec.llm.context_sessions = pre.llm.context_sessions
+        prompt = input_pb2.TokenIds(ids=[10, 11, 12])
+        sessions = []
+        for rid in ("p-once", "p-other"):
+            req = gen_request(token_ids=prompt, request_id=rid)
+            sessions.append(check_generate_stream(req, await collect(pre.stub, req), prefill=True)
+                            .prefill_ready.kv_session)
+        assert "prompt_digest" in json_format.MessageToDict(sessions[0].attributes_struct)
+        submitted = len(dec.llm.submitted)
+        other = gen_request(token_ids=input_pb2.TokenIds(ids=[10, 11, 13]), kv=g.KvOptions(session=sessions[1]))
+        await expect_status(dec.stub.Generate(other), grpc.StatusCode.INVALID_ARGUMENT, "prompt", "differs")
+        assert len(dec.llm.submitted) == submitted  # refused before the engine saw it
+        first = gen_request(token_ids=prompt, request_id="d-once", kv=g.KvOptions(session=sessions[0]),
+                            stopping=g.StoppingOptions(max_tokens=3))
+        check_generate_stream(first, await collect(dec.stub, first))
+        again = gen_request(token_ids=prompt, request_id="d-again", kv=g.KvOptions(session=sessions[0]))
+        exc = await expect_status(dec.stub.Generate(again), grpc.StatusCode.NOT_FOUND, "already decoded")
+        assert rejection(exc).code == error_pb2.ERROR_CODE_KV_SESSION_NOT_FOUND
+        # a refused decode leaves its session usable: the right prompt still decodes it once
+        ok = gen_request(token_ids=prompt, request_id="d-other", kv=g.KvOptions(session=sessions[1]),
+                         stopping=g.StoppingOptions(max_tokens=3))
+        check_generate_stream(ok, await collect(dec.stub, ok))
 
 
 async def test_prefill_session_abort_releases(serve):

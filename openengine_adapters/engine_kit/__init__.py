@@ -1,0 +1,10 @@
+"""What every engine adapter needs and no engine defines: the shared engine kit.
+
+- ``outputs``: finish stamping, logprob values, cumulative-to-delta slicing with stop-prefix holdback;
+- ``sessions``: the bounded table of handed-off prefill sessions (lease, capacity, single-use decode)
+  and the prompt seal that refuses a decode of another prompt;
+- ``card``: capability-card fragments and the feature set derived from a card;
+- ``kv_publishers``: the ZMQ KV-event publisher wiring (bridge start/stop, sources, subscriptions).
+
+An adapter keeps only its engine's work (request mapping, engine calls, engine quirks).
+"""
