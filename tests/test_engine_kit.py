@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from openengine_adapters import backend as be
+from openengine_adapters.engine_kit import outputs
 from openengine_adapters.engine_kit.sessions import SessionTable, check_seal, prompt_digest, seal, text_digest
 from openengine_adapters.errors import RequestRejected
-from openengine_adapters.types import ErrorCode
+from openengine_adapters.types import ErrorCode, FinishReason
 
 
 def test_session_table_tracks_both_sides():
@@ -54,3 +56,40 @@ def test_unsealed_and_other_kind_sessions_are_not_checked():
     check_seal(seal("text", None), None, [1, 2])  # text vs ids: only the engine's tokenizer could compare
     with pytest.raises(RequestRejected, match="prompt_digest: must be a string"):
         check_seal({"prompt_digest": 3}, None, [1])
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+@pytest.mark.parametrize("reason, matched, ids, eos_in_output, expected", [
+    (None, None, [1], False, (None, None, "")),
+    ("not_finished", None, [1], False, (None, None, "")),
+    ("stop", "END", [1], False, (FinishReason.STOP, be.StopMatch(stop_text="END"), "")),
+    ("stop", 13, [13], False, (FinishReason.STOP, be.StopMatch(stop_token_id=13), "")),
+    ("stop", None, [5, 3], False, (FinishReason.STOP, be.StopMatch(eos_token_id=2), "")),  # the tokenizer's
+    ("stop", None, [5, 3], True, (FinishReason.STOP, be.StopMatch(eos_token_id=3), "")),  # the one in the output
+    ("length", None, [1], False, (FinishReason.LENGTH, None, "")),
+    ("cancelled", None, [], False, (FinishReason.CANCELLED, None, "in the engine")),
+    ("weird", None, [], False, (None, None, "engine finished with 'weird'")),
+])
+def test_finish(reason, matched, ids, eos_in_output, expected):
+    engine = {"cancelled": (FinishReason.CANCELLED, "in the engine")}
+    assert outputs.finish(reason, matched, ids, 2, eos_in_output=eos_in_output, engine_reasons=engine) == expected
+
+
+def test_finite():
+    assert [outputs.finite(x) for x in (-0.5, float("-inf"), float("nan"), None)] == [-0.5, None, None, None]
+
+
+def test_cursor_holds_back_a_possible_stop_prefix_and_stamps_the_finish():
+    c = outputs.OutputCursor(1)
+    d = c.advance([1, 2], "hello EN", None, None, stops=("END",), id_holdback=1)
+    assert (d.index, d.token_ids, d.text) == (1, [1], "hello ")  # "EN" and one token wait
+    assert c.advance([1, 2], "hello EN", None, None, stops=("END",), id_holdback=1) is None
+    d = c.advance([1, 2, 3], "hello ENJOY", None, None, stops=("END",), id_holdback=1)
+    assert (d.token_ids, d.text) == ([2], "ENJOY")
+    seen = []
+    d = c.advance([1, 2, 3, 4], "hello ENJOY!", FinishReason.LENGTH, None, stops=("END",), id_holdback=1,
+                  logprobs=lambda a, b: (seen.append((a, b)) or [be.TokenLogprob()] * (b - a), [""] * (b - a)))
+    assert (d.token_ids, d.text, d.finish_reason, c.done) == ([3, 4], "!", FinishReason.LENGTH, True)
+    assert seen == [(2, 4)] and len(d.logprobs) == 2

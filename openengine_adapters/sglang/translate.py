@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from openengine_adapters import backend as be
+from openengine_adapters.engine_kit import outputs
 from openengine_adapters.errors import EngineFailure, invalid
 from openengine_adapters.guided import choice_regex
-from openengine_adapters.stop_text import stop_prefix_len
 from openengine_adapters.types import CandidateMode, ErrorCode, FinishReason, GuidedMode
 from openengine_adapters.validation.kv import struct_int
 
@@ -223,10 +223,6 @@ def session_key(disagg: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------- output side
 
 
-def _finite(x: Any) -> float | None:
-    return float(x) if x is not None and math.isfinite(x) else None
-
-
 def finish(reason: Mapping[str, Any] | None, eos_token_id: int | None, last_token: int | None
            ) -> tuple[FinishReason | None, be.StopMatch | None, str, bool]:
     """SGLang ``meta_info.finish_reason`` -> (reason, stop match, message, aborted).
@@ -238,21 +234,14 @@ def finish(reason: Mapping[str, Any] | None, eos_token_id: int | None, last_toke
     if reason is None:
         return None, None, "", False
     kind = reason.get("type")
-    if kind == "stop":
-        matched = reason.get("matched")
-        if isinstance(matched, str):
-            return FinishReason.STOP, be.StopMatch(stop_text=matched), "", False
-        if isinstance(matched, int) and not isinstance(matched, bool):
-            if eos_token_id is not None and matched == eos_token_id:
-                return FinishReason.STOP, be.StopMatch(eos_token_id=matched), "", False
-            return FinishReason.STOP, be.StopMatch(stop_token_id=matched), "", False
-        eos = eos_token_id if eos_token_id is not None else (last_token or 0)
-        return FinishReason.STOP, be.StopMatch(eos_token_id=eos), "", False
-    if kind == "length":
-        return FinishReason.LENGTH, None, "", False
     if kind == "abort":
         return None, None, str(reason.get("message") or "aborted"), True
-    return None, None, f"engine finished with {reason!r}", False
+    if kind not in ("stop", "length"):
+        return None, None, f"engine finished with {reason!r}", False
+    matched = reason.get("matched")
+    if eos_token_id is not None and matched == eos_token_id and not isinstance(matched, bool):
+        matched = None  # SGLang names the model's end token by its id
+    return (*outputs.finish(kind, matched, () if last_token is None else (last_token,), eos_token_id), False)
 
 
 def abort_failure(reason: Mapping[str, Any]) -> EngineFailure | None:
@@ -293,7 +282,7 @@ def token_logprob(token: Sequence[Any] | None, top: Sequence[Any] | None, by_id:
     text = ""
     tid = None
     if token is not None:
-        out.logprob = _finite(token[0])
+        out.logprob = outputs.finite(token[0])
         tid = token[1]
         text = token[2] if len(token) > 2 and token[2] is not None else ""
     if top and tid is not None:
@@ -320,18 +309,15 @@ class OutputTranslator:
     ``output_ids``).
     """
 
-    __slots__ = ("index", "params", "eos_token_id", "ids", "text", "done", "engine_done", "aborted", "decode",
+    __slots__ = ("params", "eos_token_id", "cursor", "engine_done", "aborted", "decode",
                  "_stops", "_stop_ids", "_sel", "_want_lp")
 
     def __init__(self, params: be.GenerateParams, index: int, eos_token_id: int | None,
                  decode: Callable[[Sequence[int]], str] | None = None) -> None:
-        self.index = index
         self.params = params
         self.eos_token_id = eos_token_id
         self.decode = decode
-        self.ids = 0
-        self.text = 0
-        self.done = False          # this output finished (for the client)
+        self.cursor = outputs.OutputCursor(index)
         self.engine_done = False   # SGLang ended the request (else it must be aborted)
         self.aborted: Mapping[str, Any] | None = None
         st = params.stopping
@@ -344,7 +330,7 @@ class OutputTranslator:
     def delta(self, out: Mapping[str, Any]) -> be.OutputDelta | None:
         """The new part of one cumulative chunk; ``None`` when nothing new (or an abort: then
         ``aborted`` holds SGLang's finish reason)."""
-        if self.done:
+        if self.cursor.done:
             return None
         meta = out["meta_info"]
         ids = out.get("output_ids") or ()
@@ -354,35 +340,26 @@ class OutputTranslator:
         if meta.get("finish_reason") is not None:
             self.engine_done = True
         if aborted:
-            self.done = True
+            self.cursor.done = True
             self.aborted = meta["finish_reason"]
             return None
         if reason is None and message:
             raise EngineFailure(ErrorCode.INTERNAL, message)
         if self._stop_ids:
             # as SGLang's own matching: no stop before min_tokens tokens
-            for pos in range(max(self.ids, self.params.stopping.min_tokens or 0), len(ids)):
+            for pos in range(max(self.cursor.ids, self.params.stopping.min_tokens or 0), len(ids)):
                 if ids[pos] in self._stop_ids:
                     keep = pos + 1 if self.params.stopping.include_stop_in_output else pos
                     ids, text = ids[:pos + 1], self._decode(ids[:keep], text)
                     reason, stop, message = FinishReason.STOP, be.StopMatch(stop_token_id=ids[pos]), ""
                     break
-        text_end = len(text)
-        if reason is None and self._stops:
-            text_end = max(self.text, text_end - stop_prefix_len(text, self._stops))
-        new_ids = list(ids[self.ids:])  # copied now: SGLang may extend its list after the next await
-        new_text = text[self.text:text_end] if text_end > self.text else ""
-        delta = be.OutputDelta(index=self.index, token_ids=new_ids, text=new_text)
-        if self._want_lp and new_ids:
-            delta.logprobs, delta.tokens = self._logprobs(meta, self.ids, len(ids))
-        self.ids = len(ids)
-        self.text = max(self.text, text_end)
-        if reason is not None:
-            self.done = True
-            delta.finish_reason, delta.stop, delta.finish_message = reason, stop, message
-        elif not new_ids and not new_text:
-            return None
-        return delta
+        # token ids are not held back: SGLang keeps the stop string's tokens in output_ids
+        return self.cursor.advance(ids, text, reason, stop, message, stops=self._stops,
+                                   logprobs=(lambda a, b: self._logprobs(meta, a, b)) if self._want_lp else None)
+
+    @property
+    def done(self) -> bool:
+        return self.cursor.done
 
     def _decode(self, ids: Sequence[int], text: str) -> str:
         if self.decode is None:

@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from openengine_adapters import backend as be
+from openengine_adapters.engine_kit import outputs
 from openengine_adapters.errors import EngineFailure, invalid
 from openengine_adapters.sampling import common_sampling_kwargs
-from openengine_adapters.stop_text import stop_prefix_len
 from openengine_adapters.types import ErrorCode, FinishReason, StorageMedium
 from openengine_adapters.validation.kv import struct_int
 
@@ -206,10 +206,6 @@ def encode_disaggregated(dp: Any, fallback_id: str = "") -> tuple[str, int, dict
 # --------------------------------------------------------------------------- output side
 
 
-def _finite(x: float | None) -> float | None:
-    return x if x is not None and math.isfinite(x) else None
-
-
 def token_logprob(position: Mapping[int, Any] | None, token_id: int | None,
                   sel: be.CandidateSelection | None) -> be.TokenLogprob | None:
     """One position of TensorRT-LLM logprobs (dict token_id -> Logprob(logprob, rank)).
@@ -222,7 +218,7 @@ def token_logprob(position: Mapping[int, Any] | None, token_id: int | None,
     out = be.TokenLogprob()
     chosen = position.get(token_id) if token_id is not None else None
     if chosen is not None:
-        out.logprob = _finite(chosen.logprob)
+        out.logprob = outputs.finite(chosen.logprob)
         out.rank = chosen.rank
     if sel is not None and sel.top_n > 0:
         ranked = sorted(((e.rank if e.rank is not None else math.inf, tid, e) for tid, e in position.items()),
@@ -240,31 +236,23 @@ def finish(reason: str | None, stop_reason: int | str | None, token_ids: Sequenc
     ``stop_reason`` is the matched stop string (str) or stop token id (int); None on "stop"
     means the model's end token.
     """
-    if reason is None or reason == "not_finished":
-        return None, None, ""
-    if reason == "stop":
-        if isinstance(stop_reason, str):
-            return FinishReason.STOP, be.StopMatch(stop_text=stop_reason), ""
-        if isinstance(stop_reason, int) and not isinstance(stop_reason, bool):
-            return FinishReason.STOP, be.StopMatch(stop_token_id=stop_reason), ""
-        eos = eos_token_id if eos_token_id is not None else (token_ids[-1] if token_ids else 0)
-        return FinishReason.STOP, be.StopMatch(eos_token_id=eos), ""
-    if reason == "length":
-        return FinishReason.LENGTH, None, ""
-    if reason == "cancelled":
-        return FinishReason.CANCELLED, None, "cancelled in the engine"
-    if reason == "timeout":
-        return FinishReason.CANCELLED, None, "timed out in the engine (allotted time exceeded)"
-    return None, None, f"engine finished with {reason!r}"
+    return outputs.finish(reason, stop_reason, token_ids, eos_token_id, engine_reasons=ENGINE_FINISH_REASONS)
 
 
-class _Index:
-    __slots__ = ("ids", "text", "done", "decoded", "prefix", "read")
+# TensorRT-LLM's endings besides stop and length (executor/result.py)
+ENGINE_FINISH_REASONS = {
+    "cancelled": (FinishReason.CANCELLED, "cancelled in the engine"),
+    "timeout": (FinishReason.CANCELLED, "timed out in the engine (allotted time exceeded)"),
+}
 
-    def __init__(self) -> None:
-        self.ids = 0      # tokens (and logprob positions) already emitted
-        self.text = 0     # characters already emitted
-        self.done = False
+
+class _Index(outputs.OutputCursor):
+    """One sequence's cursor, with its incremental detokenization window."""
+
+    __slots__ = ("decoded", "prefix", "read")
+
+    def __init__(self, index: int) -> None:
+        super().__init__(index)
         self.decoded = ""  # the text of token_ids[:read], decoded here
         self.prefix = 0    # incremental decoding window: token_ids[prefix:read] was the last chunk
         self.read = 0
@@ -298,7 +286,7 @@ class OutputTranslator:
         self.stop_token_holdback = stop_token_holdback if self._stops else 0
         self.max_tokens: int | None = None  # the max_tokens in force, for the fallback below
         self._first = True
-        self._idx = [_Index() for _ in range(params.sampling.num_sequences)]
+        self._idx = [_Index(i) for i in range(params.sampling.num_sequences)]
         self._sel = params.logprobs.output_candidates
         self._decode = decode  # token ids -> text; None: take the engine's text
         self._stop_ids = {k: list(v) for k, v in (stop_ids or {}).items() if v}
@@ -381,30 +369,17 @@ class OutputTranslator:
         if reason is None and final:
             reason, stop, message, ids = self._inferred_finish(ids)
         text = self._text(st, ids, comp, reason is not None)
-        if reason is None and self._stops:
-            id_end = max(st.ids, len(ids) - self.stop_token_holdback)
-            text_end = max(st.text, len(text) - stop_prefix_len(text, self._stops))
-        else:
-            id_end, text_end = len(ids), len(text)
-            if reason == FinishReason.STOP and stop.stop_text is not None and self._stops \
-                    and text.endswith(stop.stop_text):
-                text_end -= len(stop.stop_text)  # defensive: some versions keep it in the text
-        new_ids = ids[st.ids:id_end]
-        new_text = text[st.text:text_end] if text_end > st.text else ""
-        delta = be.OutputDelta(index=index, token_ids=new_ids, text=new_text)
-        if self.params.logprobs.output and new_ids:
+        if reason == FinishReason.STOP and stop.stop_text is not None and self._stops \
+                and text.endswith(stop.stop_text):
+            text = text[:len(text) - len(stop.stop_text)]  # defensive: some versions keep it in the text
+
+        def logprobs(start: int, end: int) -> tuple[list[be.TokenLogprob], list[str]]:
             lps = comp.logprobs or []
-            delta.logprobs = [token_logprob(lps[i] if i < len(lps) else None, tid, self._sel) or be.TokenLogprob()
-                              for i, tid in zip(range(st.ids, id_end), new_ids, strict=True)]
-            delta.tokens = [""] * len(new_ids)
-        st.ids = max(st.ids, id_end)
-        st.text = max(st.text, text_end)
-        if reason is not None:
-            st.done = True
-            delta.finish_reason, delta.stop, delta.finish_message = reason, stop, message
-        elif not new_ids and not new_text:
-            return None
-        return delta
+            return ([token_logprob(lps[i] if i < len(lps) else None, ids[i], self._sel) or be.TokenLogprob()
+                     for i in range(start, end)], [""] * (end - start))
+
+        return st.advance(ids, text, reason, stop, message, stops=self._stops, id_holdback=self.stop_token_holdback,
+                          logprobs=logprobs if self.params.logprobs.output else None)
 
     def prompt(self, prompt_ids: Sequence[int], prompt_logprobs) -> list[be.PromptToken]:
         """PromptTokens from TensorRT-LLM prompt logprobs.

@@ -6,11 +6,11 @@ imported lazily where one must be built), so they are unit-tested with tables of
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from openengine_adapters import backend as be
+from openengine_adapters.engine_kit import outputs
 from openengine_adapters.errors import EngineFailure
 from openengine_adapters.sampling import common_sampling_kwargs
 from openengine_adapters.types import CandidateMode, ErrorCode, FinishReason
@@ -86,10 +86,6 @@ def engine_priority(priority: int | None) -> int:
     return 0 if priority is None else -priority
 
 
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None
-
-
 def token_logprob(position: Mapping[int, Any] | None, token_id: int,
                   sel: be.CandidateSelection | None) -> tuple[be.TokenLogprob | None, str]:
     """One position of vLLM logprobs -> (our TokenLogprob, the token's text).
@@ -105,7 +101,7 @@ def token_logprob(position: Mapping[int, Any] | None, token_id: int,
     out = be.TokenLogprob()
     explicit = sel is not None and sel.mode == CandidateMode.TOKEN_IDS
     if chosen is not None:
-        out.logprob = chosen.logprob if math.isfinite(chosen.logprob) else None
+        out.logprob = outputs.finite(chosen.logprob)
         if not explicit:
             out.rank = chosen.rank
     if sel is None:
@@ -125,19 +121,9 @@ def token_logprob(position: Mapping[int, Any] | None, token_id: int,
 
 def finish(reason: str | None, stop_reason: int | str | None, token_ids: Sequence[int],
            eos_token_id: int | None) -> tuple[FinishReason | None, be.StopMatch | None, str]:
-    """vLLM finish_reason/stop_reason -> (reason, stop match, message)."""
-    if reason is None:
-        return None, None, ""
-    if reason == "stop":
-        if isinstance(stop_reason, str):
-            return FinishReason.STOP, be.StopMatch(stop_text=stop_reason), ""
-        if isinstance(stop_reason, int):
-            return FinishReason.STOP, be.StopMatch(stop_token_id=stop_reason), ""
-        eos = token_ids[-1] if token_ids else eos_token_id
-        return FinishReason.STOP, be.StopMatch(eos_token_id=eos if eos is not None else 0), ""
-    if reason == "length":
-        return FinishReason.LENGTH, None, ""
-    return None, None, f"engine finished with {reason!r}"
+    """vLLM finish_reason/stop_reason -> (reason, stop match, message); vLLM keeps the end token
+    in the output, so it names the end token that stopped."""
+    return outputs.finish(reason, stop_reason, token_ids, eos_token_id, eos_in_output=True)
 
 
 class OutputTranslator:
