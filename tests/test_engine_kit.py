@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from openengine_adapters import backend as be
-from openengine_adapters.engine_kit import outputs
+from openengine_adapters.engine_kit import card, outputs
 from openengine_adapters.engine_kit.sessions import SessionTable, check_seal, prompt_digest, seal, text_digest
 from openengine_adapters.errors import RequestRejected
-from openengine_adapters.types import ErrorCode, FinishReason
+from openengine_adapters.types import ErrorCode, Feature, FinishReason
 
 
 def test_session_table_tracks_both_sides():
@@ -93,3 +93,19 @@ def test_cursor_holds_back_a_possible_stop_prefix_and_stamps_the_finish():
                   logprobs=lambda a, b: (seen.append((a, b)) or [be.TokenLogprob()] * (b - a), [""] * (b - a)))
     assert (d.token_ids, d.text, d.finish_reason, c.done) == ([3, 4], "!", FinishReason.LENGTH, True)
     assert seen == [(2, 4)] and len(d.logprobs) == 2
+
+
+# --------------------------------------------------------------------------- card
+
+
+def test_features_follow_the_card():
+    gen = be.GenerationSupport(guided_decoding=card.guided_support(None))
+    plain = be.ModelCard(model_id="m", served_model_name="m", generation=gen)
+    assert card.features(plain, generate=True, runtime_events=False) == {
+        Feature.ABORT, Feature.LOAD, Feature.GENERATE}
+    scored = be.ModelCard(model_id="m", served_model_name="m", generation=gen, supports_lora=True,
+                          tasks=be.TaskSupport(score=card.label_score_support(lora=True)))
+    assert card.features(scored, generate=True, runtime_events=True, kv_events=True) == {
+        Feature.ABORT, Feature.LOAD, Feature.GENERATE, Feature.RUNTIME_EVENTS, Feature.LORA, Feature.SCORE,
+        Feature.KV_EVENTS}
+    assert not card.guided_support(None).supported and card.guided_support(card.ALL_GUIDED).modes == card.ALL_GUIDED

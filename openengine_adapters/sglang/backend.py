@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from openengine_adapters import backend as be
+from openengine_adapters.engine_kit import card
+from openengine_adapters.engine_kit.kv_publishers import ZmqKvEvents
 from openengine_adapters.engine_kit.sessions import SessionTable, check_seal, seal
 from openengine_adapters.errors import (
     EngineFailure,
@@ -42,9 +44,7 @@ from openengine_adapters.types import (
     EmbeddingEncoding,
     EngineRole,
     ErrorCode,
-    Feature,
     Granularity,
-    GuidedMode,
     HealthState,
     ScoreNormalization,
     TaskInputType,
@@ -53,8 +53,6 @@ from openengine_adapters.types import (
 
 log = logging.getLogger(__name__)
 
-ALL_GUIDED = tuple(GuidedMode)[1:]  # choice -> regex, json_object -> {"type": "object"} schema
-TEXT_INPUTS = (TaskInputType.TEXT, TaskInputType.TOKEN_IDS)
 ROLES = {"null": EngineRole.AGGREGATED, "prefill": EngineRole.PREFILL, "decode": EngineRole.DECODE}
 BOOTSTRAP_PROTOCOL = "sglang-bootstrap"
 
@@ -121,32 +119,20 @@ class SglangBackend(be.EngineBackend):
         self.max_total_tokens = info.get("max_total_num_tokens")
         self.max_running = info.get("max_running_requests") or _arg(sa, "max_running_requests")
         self._kv_cfg = translate.kv_events_config(_arg(sa, "kv_events_config"))
-        self._kv_publishers = self._kv_event_publishers()
-        self._kv_bridge = None
+        self.kv_publishers = ZmqKvEvents(self._kv_event_publishers(), options.advertise_kv_events)
         self._live: dict[str, list[str]] = {}
         self.sessions = SessionTable(options.max_open_sessions)  # prefill: session -> rids; decode: rooms used
         self._loras: dict[str, be.LoraAdapterInfo] = {}
         self._host = options.advertise_host
         self._card = self._build_card()
         self._stats = None
-        features = {Feature.ABORT, Feature.LOAD}
         if self.options.runtime_event_poll_s > 0:
             from openengine_adapters.sglang.stats import LoadPoller
 
             self._stats = LoadPoller(self.tm, self.options.runtime_event_poll_s, self.page_size)
-            features.add(Feature.RUNTIME_EVENTS)
-        if self.is_generation:
-            features.add(Feature.GENERATE)
-        if self.lora_on:
-            features.add(Feature.LORA)
-        tasks = self._card.tasks
-        for name, feature in (("embed", Feature.EMBED), ("classify", Feature.CLASSIFY), ("score", Feature.SCORE)):
-            if tasks is not None and getattr(tasks, name) is not None:
-                features.add(feature)
-        if self._kv_publishers:
-            features |= {Feature.KV_EVENTS, Feature.KV_EVENT_SOURCES} if options.advertise_kv_events \
-                else {Feature.KV_EVENTS}
-        self.features = frozenset(features)
+        self.features = card.features(self._card, generate=self.is_generation, runtime_events=self._stats is not None,
+                                      kv_events=self.kv_publishers.streams,
+                                      kv_event_sources=self.kv_publishers.sources)
 
     @classmethod
     def from_engine(cls, engine, options: SglangOptions = SglangOptions(), **kwargs) -> SglangBackend:
@@ -205,8 +191,7 @@ class SglangBackend(be.EngineBackend):
             gen = be.GenerationSupport(
                 prompt_logprobs=be.LogprobSupport(True, (CandidateMode.TOP_N,), top),
                 output_logprobs=be.LogprobSupport(True, (CandidateMode.TOP_N, CandidateMode.TOKEN_IDS), top),
-                guided_decoding=(be.GuidedSupport(True, ALL_GUIDED) if self.grammar_backend != "none"
-                                 else be.GuidedSupport(False)),
+                guided_decoding=card.guided_support(card.ALL_GUIDED if self.grammar_backend != "none" else None),
                 max_num_sequences=1 if prefill else self.options.max_num_sequences,
                 supports_priority=self.priority_on,
                 supports_stop_in_output=True,
@@ -215,12 +200,7 @@ class SglangBackend(be.EngineBackend):
             )
         tasks = None
         if self.is_generation and self.role == EngineRole.AGGREGATED:
-            tasks = be.TaskSupport(score=be.ScoreSupport(
-                supported=True, input_types=TEXT_INPUTS, granularities=(Granularity.SEQUENCE,),
-                semantics=(ValueSemantics.LOG_PROBABILITIES, ValueSemantics.PROBABILITIES),
-                normalizations=(ScoreNormalization.NONE, ScoreNormalization.SOFTMAX),
-                supports_label_token_scoring=True, supports_instruction=False, supports_priority=False,
-                supports_lora=False, native_scoring=False))
+            tasks = be.TaskSupport(score=card.label_score_support())
         elif self.role == EngineRole.AGGREGATED:
             tasks = self._pooling_tasks()
         model_path = str(_arg(sa, "model_path", names[0]))
@@ -245,13 +225,13 @@ class SglangBackend(be.EngineBackend):
         m = self.pooling
         if m.kind == "embed":
             return be.TaskSupport(embed=be.EmbedSupport(
-                supported=True, input_types=TEXT_INPUTS, granularities=(Granularity.SEQUENCE,),
+                supported=True, input_types=card.TEXT_INPUTS, granularities=(Granularity.SEQUENCE,),
                 encodings=(EmbeddingEncoding.DENSE,), dimension=m.hidden_size, supports_priority=False,
                 supports_lora=False, supports_normalization=True, supports_dimension_override=m.matryoshka))
         if m.kind != "classify" or m.num_labels < 1:
             return None
         classify = be.ClassifySupport(
-            supported=True, input_types=TEXT_INPUTS, granularities=(Granularity.SEQUENCE,),
+            supported=True, input_types=card.TEXT_INPUTS, granularities=(Granularity.SEQUENCE,),
             semantics=m.classify_semantics(), max_output_values_per_item=m.num_labels, supports_priority=False,
             supports_lora=False)
         score = None
@@ -269,19 +249,12 @@ class SglangBackend(be.EngineBackend):
         self.tm.auto_create_handle_loop()
         if self._stats is not None:
             self._stats.start()
-        if self._kv_publishers:
-            from openengine_adapters.kv_events import KvEventBridge
-
-            bridge = KvEventBridge(self._kv_publishers)
-            await bridge.start()
-            self._kv_bridge = bridge
+        await self.kv_publishers.start()
 
     async def shutdown(self) -> None:
         if self._stats is not None:
             await self._stats.stop()
-        if self._kv_bridge is not None:
-            await self._kv_bridge.stop()
-            self._kv_bridge = None
+        await self.kv_publishers.stop()
         if self.owns_engine and self.engine is not None:
             await asyncio.to_thread(self.engine.shutdown)
 
@@ -351,15 +324,10 @@ class SglangBackend(be.EngineBackend):
                 for rank in range(self.dp_size)]
 
     def kv_event_sources(self, ranks: Sequence[int]) -> list[be.KvEventSourceInfo]:
-        """Every publisher: the service keeps the ranks asked for."""
-        from openengine_adapters.kv_events.sources import source_info
-
-        return [source_info(p, self.host) for p in self._kv_publishers]
+        return self.kv_publishers.source_info(self.host)
 
     def kv_events(self, ranks: Sequence[int], include_snapshot: bool, start_sequence_number: int):
-        if self._kv_bridge is None:
-            raise EngineFailure(ErrorCode.INTERNAL, "the KV-event bridge is not running")
-        return self._kv_bridge.subscribe(ranks, include_snapshot, start_sequence_number)
+        return self.kv_publishers.subscribe(ranks, include_snapshot, start_sequence_number)
 
     def runtime_events(self, types):
         if self._stats is None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from openengine_adapters import backend as be
+from openengine_adapters.engine_kit import card
 from openengine_adapters.engine_kit.sessions import SessionTable, check_seal, seal
 from openengine_adapters.errors import EngineFailure, RequestRejected, engine_refused, invalid, not_found, precondition
 from openengine_adapters.guided import guide_kwargs
@@ -35,13 +36,8 @@ from openengine_adapters.types import (
     CandidateMode,
     EngineRole,
     ErrorCode,
-    Feature,
-    Granularity,
     GuidedMode,
     HealthState,
-    ScoreNormalization,
-    TaskInputType,
-    ValueSemantics,
 )
 
 log = logging.getLogger(__name__)
@@ -52,7 +48,6 @@ GUIDED_BY_BACKEND = {
     "xgrammar": tuple(GuidedMode)[1:],
     "llguidance": tuple(m for m in tuple(GuidedMode)[1:] if m != GuidedMode.STRUCTURAL_TAG),
 }
-TEXT_INPUTS = (TaskInputType.TEXT, TaskInputType.TOKEN_IDS)
 LORA_WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 # sampling field -> its no-op values: what TensorRT-LLM 1.2's TorchSampler accepts and ignores
 IGNORED_BY_TORCH_SAMPLER = (("repetition_penalty", (1.0,)), ("presence_penalty", (0.0,)),
@@ -155,16 +150,9 @@ class TrtllmBackend(be.EngineBackend):
         self._disagg_field_names: frozenset[str] | None = None
         self._submitted = False  # no request yet: the engine's KV-event queue does not exist
         self._card = self._build_card()
-        features = {Feature.GENERATE, Feature.ABORT, Feature.LOAD}
-        if self.stats_on:
-            features.add(Feature.RUNTIME_EVENTS)
-        if self.kv_events_on:
-            features.add(Feature.KV_EVENTS)
-        if self.lora_on:
-            features.add(Feature.LORA)
-        if self._card.tasks is not None:
-            features.add(Feature.SCORE)
-        self.features = frozenset(features)
+        # KV events come from the engine's own queue (KvEventTranslator), with no publisher to name
+        self.features = card.features(self._card, generate=True, runtime_events=self.stats_on,
+                                      kv_events=self.kv_events_on)
 
     # ------------------------------------------------------------------ discovery
 
@@ -199,8 +187,7 @@ class TrtllmBackend(be.EngineBackend):
         n_max = self.options.max_num_sequences or self.max_batch_size or 8
         gen = be.GenerationSupport(
             prompt_logprobs=top, output_logprobs=top,
-            guided_decoding=(be.GuidedSupport(True, GUIDED_BY_BACKEND[self.guided_backend])
-                             if self.guided_backend in GUIDED_BY_BACKEND else be.GuidedSupport(False)),
+            guided_decoding=card.guided_support(GUIDED_BY_BACKEND.get(self.guided_backend)),
             max_num_sequences=n_max,
             supports_priority=False, supports_stop_in_output=True,
             supports_cache_salt=self.block_reuse and "cache_salt" in self._accepts,
@@ -208,12 +195,7 @@ class TrtllmBackend(be.EngineBackend):
         )
         tasks = None
         if self.role == EngineRole.AGGREGATED:
-            tasks = be.TaskSupport(score=be.ScoreSupport(
-                supported=True, input_types=TEXT_INPUTS, granularities=(Granularity.SEQUENCE,),
-                semantics=(ValueSemantics.LOG_PROBABILITIES, ValueSemantics.PROBABILITIES),
-                normalizations=(ScoreNormalization.NONE, ScoreNormalization.SOFTMAX),
-                supports_label_token_scoring=True, supports_instruction=False, supports_priority=False,
-                supports_lora=self.lora_on, native_scoring=False))
+            tasks = be.TaskSupport(score=card.label_score_support(lora=self.lora_on))
         kv = _get(self.args, "kv_cache_config")
         return be.ModelCard(
             model_id=str(_get(self.args, "model", default=names[0])),

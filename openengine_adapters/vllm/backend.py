@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from functools import cached_property
 
 from openengine_adapters import backend as be
+from openengine_adapters.engine_kit import card
+from openengine_adapters.engine_kit.kv_publishers import ZmqKvEvents
 from openengine_adapters.engine_kit.sessions import SessionTable
 from openengine_adapters.errors import EngineFailure, RequestRejected, engine_refused, invalid, not_found, rejected
 from openengine_adapters.guided import guide_kwargs
@@ -24,9 +26,7 @@ from openengine_adapters.types import (
     EmbeddingEncoding,
     EngineRole,
     ErrorCode,
-    Feature,
     Granularity,
-    GuidedMode,
     HealthState,
     Modality,
     ScoreNormalization,
@@ -39,8 +39,6 @@ from openengine_adapters.vllm.stats import StatsCollector
 
 log = logging.getLogger(__name__)
 
-ALL_GUIDED = tuple(GuidedMode)[1:]
-TEXT_INPUTS = (TaskInputType.TEXT, TaskInputType.TOKEN_IDS)
 
 
 def _client_error(exc: Exception) -> RequestRejected:
@@ -99,23 +97,10 @@ class VllmBackend(be.EngineBackend):
         tokenizer = engine.tokenizer
         self.eos_token_id = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
         self._card = self._build_card()
-        features = {Feature.ABORT, Feature.LOAD}
-        if "generate" in self.supported_tasks:
-            features.add(Feature.GENERATE)
-        if stats is not None:
-            features.add(Feature.RUNTIME_EVENTS)
-        if self.config.lora_config is not None:
-            features.add(Feature.LORA)
-        tasks = self._card.tasks
-        for name, feature in (("embed", Feature.EMBED), ("classify", Feature.CLASSIFY),
-                              ("score", Feature.SCORE)):
-            if tasks is not None and getattr(tasks, name) is not None:
-                features.add(feature)
-        self._kv_publishers = self._kv_event_publishers()
-        self._kv_bridge = None
-        if self._kv_publishers:  # a private publisher (the sidecar's default) is bridged, not advertised
-            features |= {Feature.KV_EVENTS, Feature.KV_EVENT_SOURCES} if advertise_kv_events else {Feature.KV_EVENTS}
-        self.features = frozenset(features)
+        self.kv_publishers = ZmqKvEvents(self._kv_event_publishers(), advertise_kv_events)
+        self.features = card.features(self._card, generate="generate" in self.supported_tasks,
+                                      runtime_events=stats is not None, kv_events=self.kv_publishers.streams,
+                                      kv_event_sources=self.kv_publishers.sources)
 
     @classmethod
     async def create(cls, engine, **kwargs) -> VllmBackend:
@@ -182,7 +167,7 @@ class VllmBackend(be.EngineBackend):
             gen = be.GenerationSupport(
                 prompt_logprobs=self._logprob_support(explicit_ids=False),
                 output_logprobs=self._logprob_support(explicit_ids=True),
-                guided_decoding=be.GuidedSupport(True, ALL_GUIDED),
+                guided_decoding=card.guided_support(card.ALL_GUIDED),
                 max_num_sequences=sc.max_num_seqs,
                 supports_priority=sc.policy == "priority",
                 supports_stop_in_output=True,
@@ -220,14 +205,14 @@ class VllmBackend(be.EngineBackend):
                           if t in tasks)
             dim = getattr(self.model_config.hf_config, "hidden_size", None)
             embed = be.EmbedSupport(
-                supported=True, input_types=TEXT_INPUTS, granularities=grans,
+                supported=True, input_types=card.TEXT_INPUTS, granularities=grans,
                 encodings=(EmbeddingEncoding.DENSE,), dimension=dim,
                 supports_priority=priority, supports_lora=lora, supports_normalization=True,
                 supports_dimension_override=bool(self.model_config.is_matryoshka),
             )
         if "classify" in tasks:
             classify = be.ClassifySupport(
-                supported=True, input_types=TEXT_INPUTS, granularities=(Granularity.SEQUENCE,),
+                supported=True, input_types=card.TEXT_INPUTS, granularities=(Granularity.SEQUENCE,),
                 semantics=(ValueSemantics.PROBABILITIES, ValueSemantics.LOGITS),
                 supports_priority=priority, supports_lora=lora,
             )
@@ -240,20 +225,14 @@ class VllmBackend(be.EngineBackend):
             )
         elif "embed" in tasks:
             score = be.ScoreSupport(  # bi-encoder: cosine similarity of the two embeddings
-                supported=True, input_types=TEXT_INPUTS, granularities=(Granularity.SEQUENCE,),
+                supported=True, input_types=card.TEXT_INPUTS, granularities=(Granularity.SEQUENCE,),
                 semantics=(ValueSemantics.SIMILARITY,), normalizations=(ScoreNormalization.NONE,),
                 supports_label_token_scoring=False, supports_instruction=False,
                 supports_priority=priority, supports_lora=lora, higher_is_better=True,
             )
         elif "generate" in tasks:
-            score = be.ScoreSupport(  # causal LM: log-probabilities of label tokens after the pair
-                supported=True, input_types=TEXT_INPUTS, granularities=(Granularity.SEQUENCE,),
-                semantics=(ValueSemantics.LOG_PROBABILITIES, ValueSemantics.PROBABILITIES),
-                normalizations=(ScoreNormalization.NONE, ScoreNormalization.SOFTMAX),
-                supports_label_token_scoring=True, supports_instruction=False,
-                supports_priority=priority, supports_lora=lora,
-                max_label_token_ids=translate.MAX_LOGPROB_TOKEN_IDS, native_scoring=False,
-            )
+            score = card.label_score_support(priority=priority, lora=lora,
+                                             max_label_token_ids=translate.MAX_LOGPROB_TOKEN_IDS)
         if embed is classify is score is None:
             return None
         return be.TaskSupport(embed=embed, classify=classify, score=score)
@@ -262,16 +241,10 @@ class VllmBackend(be.EngineBackend):
         return getattr(self.model_config.hf_config, "num_labels", None)
 
     async def start(self) -> None:
-        if self._kv_publishers:
-            from openengine_adapters.kv_events import KvEventBridge
-
-            bridge = KvEventBridge(self._kv_publishers)
-            await bridge.start()
-            self._kv_bridge = bridge
+        await self.kv_publishers.start()
 
     async def shutdown(self) -> None:
-        if self._kv_bridge is not None:
-            await self._kv_bridge.stop()
+        await self.kv_publishers.stop()
         if self.owns_engine:
             self.engine.shutdown()
 
@@ -295,15 +268,10 @@ class VllmBackend(be.EngineBackend):
     def kv_event_sources(self, ranks: Sequence[int]) -> list[be.KvEventSourceInfo]:
         from vllm.utils.network_utils import get_ip
 
-        from openengine_adapters.kv_events.sources import source_info
-
-        host = get_ip()
-        return [source_info(p, host) for p in self._kv_publishers]
+        return self.kv_publishers.source_info(get_ip())
 
     def kv_events(self, ranks: Sequence[int], include_snapshot: bool, start_sequence_number: int):
-        if self._kv_bridge is None:
-            raise EngineFailure(ErrorCode.INTERNAL, "the KV-event bridge is not running")
-        return self._kv_bridge.subscribe(ranks, include_snapshot, start_sequence_number)
+        return self.kv_publishers.subscribe(ranks, include_snapshot, start_sequence_number)
 
     # ------------------------------------------------------------------ health and load
 

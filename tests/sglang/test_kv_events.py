@@ -97,7 +97,7 @@ async def test_sources_advertise_routable_publisher(served, kv_ports):
 async def test_typed_stream_equals_sglang_zmq(served, raw):
     call = served.stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest())
     for _ in range(200):
-        if served.backend._kv_bridge.hub.subscriber_count:
+        if served.backend.kv_publishers.bridge.hub.subscriber_count:
             break
         await asyncio.sleep(0.01)
     start = len(raw.batches)

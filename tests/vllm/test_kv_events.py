@@ -119,7 +119,7 @@ async def test_sources_are_routable(kv):
 async def test_typed_stream_equals_raw_zmq(kv):
     call = kv.stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest())
     for _ in range(200):
-        if kv.backend._kv_bridge.hub.subscriber_count:
+        if kv.backend.kv_publishers.bridge.hub.subscriber_count:
             break
         await asyncio.sleep(0.01)
     await generate(kv.stub, 8, 0)  # ~24 blocks through a 10-block pool: evictions
