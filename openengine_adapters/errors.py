@@ -141,3 +141,15 @@ class EngineFailure(Exception):
         self.retryable = retryable
         self.retry_after_ms = retry_after_ms
         self.details = details or {}
+
+
+def refusal(exc: BaseException, context: str = "engine error") -> RequestRejected:
+    """Any backend error where a call ends with a status (before acceptance, a unary RPC, an
+    event stream that could not start): a refusal as is, an engine failure with the status its
+    code maps to, anything else (a backend bug) INTERNAL with ``context``. The one mapping."""
+    if isinstance(exc, RequestRejected):
+        return exc
+    if isinstance(exc, EngineFailure):
+        return RequestRejected(STATUS_FOR_CODE[exc.code], exc.message, exc.code,
+                               retry_after_ms=exc.retry_after_ms, details=exc.details)
+    return RequestRejected(grpc.StatusCode.INTERNAL, f"{context}: {exc}", ErrorCode.INTERNAL)

@@ -40,11 +40,12 @@ from openengine_adapters.core.watchdog import Watch, Watchdog
 from openengine_adapters.errors import (
     ERROR_TRAILER,
     RETRY_AFTER_TRAILER,
-    STATUS_FOR_CODE,
     EngineFailure,
     RequestRejected,
     invalid,
     not_found,
+    refusal,
+    rejected,
 )
 from openengine_adapters.security.policy import lora_load_refusal
 from openengine_adapters.task_results import classify_response, embed_response, score_response
@@ -127,17 +128,12 @@ def _unary(method):
     async def wrapper(self, request, context):
         try:
             return await method(self, request, context)
-        except RequestRejected as r:
-            await reject(context, r)
-        except EngineFailure as f:
-            await reject(context, RequestRejected(STATUS_FOR_CODE[f.code], f.message, f.code,
-                                                  retry_after_ms=f.retry_after_ms, details=f.details))
         except grpc.aio.AbortError:
             raise
-        except Exception as exc:  # a backend bug: a precise status, never a crash
-            log.exception("%s failed", method.__name__)
-            await reject(context, RequestRejected(grpc.StatusCode.INTERNAL, f"engine error: {exc}",
-                                                  ErrorCode.INTERNAL))
+        except Exception as exc:  # a backend bug too: a precise status, never a crash
+            if not isinstance(exc, RequestRejected | EngineFailure):
+                log.exception("%s failed", method.__name__)
+            await reject(context, refusal(exc))
 
     return wrapper
 
@@ -244,13 +240,10 @@ class EngineService:
         gRPC metadata) come from the v0.1.0 surface, which has no revision-1 field for them."""
         try:
             params, entry, chunks = await self._accept_generate(request, extra, trace_headers)
-        except RequestRejected as r:
-            await reject(context, r)
-            return
-        except Exception as exc:  # a backend bug before acceptance: a status, never a crash
-            log.exception("Generate %r failed before acceptance", request.request_id)
-            await reject(context, RequestRejected(grpc.StatusCode.INTERNAL, f"engine error: {exc}",
-                                                  ErrorCode.INTERNAL))
+        except Exception as exc:  # a backend bug before acceptance too: a status, never a crash
+            if not isinstance(exc, RequestRejected):
+                log.exception("Generate %r failed before acceptance", request.request_id)
+            await reject(context, refusal(exc))
             return
         assembler = GenerateStream(params, prefill=self.identity.role == EngineRole.PREFILL)
         clean = engine_ended = interrupted = False
@@ -405,21 +398,15 @@ class EngineService:
             return build(params, result, getattr(card.tasks, task))
         except asyncio.CancelledError:
             if work.cancelled() and entry.aborted and asyncio.current_task().cancelling() == 0:
-                failure = RequestRejected(
-                    STATUS_FOR_CODE[entry.abort_code], entry.abort_message, entry.abort_code,
-                    retry_after_ms=None if entry.abort_code == ErrorCode.CANCELLED else 0)
+                failure = rejected(entry.abort_code, entry.abort_message,
+                                   retry_after_ms=None if entry.abort_code == ErrorCode.CANCELLED else 0)
             else:  # the client went away: stop the engine work
                 work.cancel()
                 raise
-        except RequestRejected as r:
-            failure = r
-        except EngineFailure as f:
-            failure = RequestRejected(STATUS_FOR_CODE[f.code], f.message, f.code,
-                                      retry_after_ms=f.retry_after_ms, details=f.details)
         except Exception as exc:
-            log.exception("%s %s failed in the engine", task, params.context.request_id)
-            failure = RequestRejected(grpc.StatusCode.INTERNAL, f"engine error: {exc}",
-                                      ErrorCode.INTERNAL)
+            if not isinstance(exc, RequestRejected | EngineFailure):
+                log.exception("%s %s failed in the engine", task, params.context.request_id)
+            failure = refusal(exc)
         finally:
             if not work.done():
                 work.cancel()
@@ -680,17 +667,10 @@ class EngineService:
                     f"subscriptions: {self.subscriptions} open event subscriptions reach the limit of {limit}; "
                     "retry later", ErrorCode.OVERLOADED, retry_after_ms=self.options.retry_after_ms)
             events = open_stream()
-        except RequestRejected as r:
-            await reject(context, r)
-            return
-        except EngineFailure as f:
-            await reject(context, RequestRejected(STATUS_FOR_CODE[f.code], f.message, f.code,
-                                                  retry_after_ms=f.retry_after_ms, details=f.details))
-            return
         except Exception as exc:
-            log.exception("%s could not start", what)
-            await reject(context, RequestRejected(grpc.StatusCode.INTERNAL, f"{what} could not start: {exc}",
-                                                  ErrorCode.INTERNAL))
+            if not isinstance(exc, RequestRejected | EngineFailure):
+                log.exception("%s could not start", what)
+            await reject(context, refusal(exc, f"{what} could not start"))
             return
         self.subscriptions += 1
         held = [True]  # the subscription slot, given back once (here or by the stall watchdog)

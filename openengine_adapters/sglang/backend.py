@@ -29,7 +29,6 @@ from openengine_adapters.engine_kit.kv_publishers import ZmqKvEvents
 from openengine_adapters.engine_kit.sessions import SessionTable, check_seal, seal
 from openengine_adapters.errors import (
     EngineFailure,
-    RequestRejected,
     engine_refused,
     invalid,
     not_found,
@@ -37,18 +36,13 @@ from openengine_adapters.errors import (
     rejected,
     unsupported,
 )
-from openengine_adapters.label_scores import label_score_result
 from openengine_adapters.sglang import pooling, translate
+from openengine_adapters.sglang.card import SglangCard, server_arg
+from openengine_adapters.sglang.tasks import SglangTasks
 from openengine_adapters.types import (
-    CandidateMode,
-    EmbeddingEncoding,
     EngineRole,
     ErrorCode,
-    Granularity,
     HealthState,
-    ScoreNormalization,
-    TaskInputType,
-    ValueSemantics,
 )
 
 log = logging.getLogger(__name__)
@@ -70,12 +64,7 @@ class SglangOptions:
     advertise_kv_events: bool = True      # False: a private KV-event publisher, bridged but not advertised
 
 
-def _arg(server_args: Any, name: str, default: Any = None) -> Any:
-    value = getattr(server_args, name, default)
-    return default if value is None else value
-
-
-class SglangBackend(be.EngineBackend):
+class SglangBackend(SglangCard, SglangTasks, be.EngineBackend):
     """Serve one ``sglang.srt.entrypoints.engine.Engine`` (created by the caller)."""
 
     request_extra = translate.REQUEST_EXTRA
@@ -91,19 +80,19 @@ class SglangBackend(be.EngineBackend):
         self.owns_engine = owns_engine
         self.tm = tokenizer_manager
         sa = self.server_args = server_args
-        self.role = ROLES.get(str(_arg(sa, "disaggregation_mode", "null")), EngineRole.AGGREGATED)
-        self.transfer_backend = str(_arg(sa, "disaggregation_transfer_backend", "")) if self.role != \
+        self.role = ROLES.get(str(server_arg(sa, "disaggregation_mode", "null")), EngineRole.AGGREGATED)
+        self.transfer_backend = str(server_arg(sa, "disaggregation_transfer_backend", "")) if self.role != \
             EngineRole.AGGREGATED else ""
-        self.bootstrap_port = int(_arg(sa, "disaggregation_bootstrap_port", 8998))
-        self.page_size = int(_arg(sa, "page_size", 1))
+        self.bootstrap_port = int(server_arg(sa, "disaggregation_bootstrap_port", 8998))
+        self.page_size = int(server_arg(sa, "page_size", 1))
         self.context_len = int(self.tm.context_len)
         self.is_generation = bool(getattr(self.tm, "is_generation", True))
-        self.lora_on = bool(_arg(sa, "enable_lora", False))
-        self.priority_on = bool(_arg(sa, "enable_priority_scheduling", False))
-        self.low_first = bool(_arg(sa, "schedule_low_priority_values_first", False))
-        self.deterministic = bool(_arg(sa, "enable_deterministic_inference", False))
-        self.radix = not bool(_arg(sa, "disable_radix_cache", False))
-        self.grammar_backend = str(_arg(sa, "grammar_backend", "none"))
+        self.lora_on = bool(server_arg(sa, "enable_lora", False))
+        self.priority_on = bool(server_arg(sa, "enable_priority_scheduling", False))
+        self.low_first = bool(server_arg(sa, "schedule_low_priority_values_first", False))
+        self.deterministic = bool(server_arg(sa, "enable_deterministic_inference", False))
+        self.radix = not bool(server_arg(sa, "disable_radix_cache", False))
+        self.grammar_backend = str(server_arg(sa, "grammar_backend", "none"))
         self.pooling = pooling.describe(getattr(self.tm, "model_config", None), self.is_generation)
         if self.pooling.kind is not None and self.radix and self.pooling.architecture in pooling.ENCODER_ONLY:
             log.warning("%s is an encoder-only model served with SGLang's radix cache on: SGLang would reuse "
@@ -111,14 +100,14 @@ class SglangBackend(be.EngineBackend):
                         "token type ids); its tasks are not offered until it runs with --disable-radix-cache",
                         self.pooling.architecture)
             self.pooling = pooling.PoolingModel(None, self.pooling.architecture)
-        self.dp_size = int(_arg(sa, "dp_size", 1))
+        self.dp_size = int(server_arg(sa, "dp_size", 1))
         tokenizer = getattr(self.tm, "tokenizer", None)
         self.tokenizer = tokenizer
         self.eos_token_id = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
         info = dict(scheduler_info or {})
         self.max_total_tokens = info.get("max_total_num_tokens")
-        self.max_running = info.get("max_running_requests") or _arg(sa, "max_running_requests")
-        self._kv_cfg = translate.kv_events_config(_arg(sa, "kv_events_config"))
+        self.max_running = info.get("max_running_requests") or server_arg(sa, "max_running_requests")
+        self._kv_cfg = translate.kv_events_config(server_arg(sa, "kv_events_config"))
         self.kv_publishers = ZmqKvEvents(self._kv_event_publishers(), options.advertise_kv_events)
         self._live: dict[str, list[str]] = {}
         self.sessions = SessionTable(options.max_open_sessions)  # prefill: session -> rids; decode: rooms used
@@ -146,16 +135,16 @@ class SglangBackend(be.EngineBackend):
         sa = self.server_args
         return be.EngineIdentity(
             engine_name="sglang", engine_version=self.version, role=self.role,
-            parallelism=be.Parallelism(tensor_parallel_size=int(_arg(sa, "tp_size", 1)),
-                                       pipeline_parallel_size=int(_arg(sa, "pp_size", 1)),
+            parallelism=be.Parallelism(tensor_parallel_size=int(server_arg(sa, "tp_size", 1)),
+                                       pipeline_parallel_size=int(server_arg(sa, "pp_size", 1)),
                                        data_parallel_size=self.dp_size,
-                                       decode_context_parallel_size=int(_arg(sa, "dcp_size", 1) or 1)),
+                                       decode_context_parallel_size=int(server_arg(sa, "dcp_size", 1) or 1)),
             # adapters resident on the device at once: SGLang's LoRA memory pool has one slot per batch entry
-            max_loras=int(_arg(sa, "max_loras_per_batch")) if self.lora_on and _arg(sa, "max_loras_per_batch")
-            else None,
-            extra={k: str(v) for k, v in (("device", _arg(sa, "device")),
-                                          ("attention_backend", _arg(sa, "attention_backend")),
-                                          ("schedule_policy", _arg(sa, "schedule_policy"))) if v},
+            max_loras=int(server_arg(sa, "max_loras_per_batch"))
+            if self.lora_on and server_arg(sa, "max_loras_per_batch") else None,
+            extra={k: str(v) for k, v in (("device", server_arg(sa, "device")),
+                                          ("attention_backend", server_arg(sa, "attention_backend")),
+                                          ("schedule_policy", server_arg(sa, "schedule_policy"))) if v},
         )
 
     def models(self) -> list[be.ModelCard]:
@@ -179,69 +168,6 @@ class SglangBackend(be.EngineBackend):
 
             self._host = resolve_advertise_host("0.0.0.0", None)
         return self._host
-
-    def _build_card(self) -> be.ModelCard:
-        sa = self.server_args
-        names = self.options.served_model_names or tuple(
-            n for n in (_arg(sa, "served_model_name"), _arg(sa, "model_path")) if n)[:1] or ("model",)
-        gen = None
-        if self.is_generation:
-            top = self.options.max_top_n
-            prefill = self.role == EngineRole.PREFILL
-            gen = be.GenerationSupport(
-                prompt_logprobs=be.LogprobSupport(True, (CandidateMode.TOP_N,), top),
-                output_logprobs=be.LogprobSupport(True, (CandidateMode.TOP_N, CandidateMode.TOKEN_IDS), top),
-                guided_decoding=card.guided_support(card.ALL_GUIDED if self.grammar_backend != "none" else None),
-                max_num_sequences=1 if prefill else self.options.max_num_sequences,
-                supports_priority=self.priority_on,
-                supports_stop_in_output=True,
-                supports_cache_salt=self.radix,
-                supports_prefix_cache_bypass=False,  # SGLang has no per-request switch
-            )
-        tasks = None
-        if self.is_generation and self.role == EngineRole.AGGREGATED:
-            tasks = be.TaskSupport(score=card.label_score_support())
-        elif self.role == EngineRole.AGGREGATED:
-            tasks = self._pooling_tasks()
-        model_path = str(_arg(sa, "model_path", names[0]))
-        return be.ModelCard(
-            model_id=model_path, served_model_name=names[0], served_model_aliases=tuple(names[1:]),
-            max_context_length=self.context_len,
-            max_output_tokens=self.context_len if self.is_generation else None,
-            kv_block_size=self.page_size,
-            total_kv_blocks=self.max_total_tokens // self.page_size if self.max_total_tokens else None,
-            max_running_requests=self.max_running,
-            max_batched_tokens=_arg(sa, "chunked_prefill_size") if (_arg(sa, "chunked_prefill_size") or 0) > 0
-            else None,
-            supports_text_input=self.tokenizer is not None, supports_token_ids_input=True,
-            generation=gen, supports_lora=self.lora_on, supports_multimodal=False, tasks=tasks,
-            extra={k: str(v) for k, v in (("dtype", _arg(sa, "dtype")), ("kv_cache_dtype", _arg(sa, "kv_cache_dtype")),
-                                          ("quantization", _arg(sa, "quantization"))) if v},
-        )
-
-    def _pooling_tasks(self) -> be.TaskSupport | None:
-        """What an ``--is-embedding`` model offers (see ``pooling``): sequence embeddings (SGLang has
-        no token-level ones), sequence classification, native cross-encoder scoring (one label)."""
-        m = self.pooling
-        if m.kind == "embed":
-            return be.TaskSupport(embed=be.EmbedSupport(
-                supported=True, input_types=card.TEXT_INPUTS, granularities=(Granularity.SEQUENCE,),
-                encodings=(EmbeddingEncoding.DENSE,), dimension=m.hidden_size, supports_priority=False,
-                supports_lora=False, supports_normalization=True, supports_dimension_override=m.matryoshka))
-        if m.kind != "classify" or m.num_labels < 1:
-            return None
-        classify = be.ClassifySupport(
-            supported=True, input_types=card.TEXT_INPUTS, granularities=(Granularity.SEQUENCE,),
-            semantics=m.classify_semantics(), max_output_values_per_item=m.num_labels, supports_priority=False,
-            supports_lora=False)
-        score = None
-        if m.cross_encoder:  # SGLang's rerank: the pair tokenized together, with token type ids
-            score = be.ScoreSupport(
-                supported=True, input_types=(TaskInputType.TEXT,), granularities=(Granularity.SEQUENCE,),
-                semantics=(ValueSemantics.RELEVANCE,), normalizations=(ScoreNormalization.NONE,),
-                supports_label_token_scoring=False, supports_instruction=False, supports_priority=False,
-                supports_lora=False, higher_is_better=True, max_output_values_per_candidate=1)
-        return be.TaskSupport(classify=classify, score=score)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -397,9 +323,7 @@ class SglangBackend(be.EngineBackend):
         if used is not None:
             self.sessions.consume(used)  # a second decode would pull KV the prefill side released
         try:
-            prefill_len = 1 if self.role == EngineRole.PREFILL else None  # the prefill side samples one token
-            objs = [GenerateReqInput(**translate.request_kwargs(params, rid, i, disagg=disagg,
-                                                                max_new_tokens=prefill_len))
+            objs = [GenerateReqInput(**translate.request_kwargs(params, rid, i, disagg=disagg))
                     for i, rid in enumerate(rids)]
         except (ValueError, TypeError) as exc:
             if used is not None:
@@ -615,139 +539,3 @@ class SglangBackend(be.EngineBackend):
 
     async def list_loras(self) -> list[be.LoraAdapterInfo]:
         return list(self._loras.values())
-
-    # ------------------------------------------------------------------ embed / classify / rerank
-
-    async def _encode(self, items: list[dict[str, Any]], request_id: str,
-                      dimensions: int | None = None) -> list[dict]:
-        """One SGLang ``EmbeddingReqInput`` per item (``text``, ``input_ids`` or a cross-encoder
-        ``pair`` [query, document]), run concurrently (SGLang batches them), with rids that cannot
-        prefix one another; Abort(request_id) reaches them and a cancelled call aborts them."""
-        from sglang.srt.managers.io_struct import EmbeddingReqInput
-
-        rids = translate.engine_rids(request_id, len(items))
-        done: set[str] = set()
-
-        async def one(rid: str, item: dict[str, Any]) -> dict:
-            pair = "pair" in item  # SGLang takes a [query, document] pair only as a batch of pairs
-            kw = {"text": [item["pair"]], "rid": [rid], "is_cross_encoder_request": True} if pair else \
-                {**item, "rid": rid}
-            out = await self.tm.generate_request(EmbeddingReqInput(dimensions=dimensions, **kw), None).__anext__()
-            if pair:
-                (out,) = out
-            done.add(rid)
-            reason = (out.get("meta_info") or {}).get("finish_reason") or {}
-            if reason.get("type") == "abort":
-                raise translate.abort_failure(reason) or EngineFailure(ErrorCode.CANCELLED, "aborted")
-            return out
-
-        self._live[request_id] = rids
-        try:
-            return list(await asyncio.gather(*(one(r, it) for r, it in zip(rids, items, strict=True))))
-        except (RequestRejected, EngineFailure):
-            raise
-        except ValueError as exc:
-            where = "options.dimensions" if dimensions is not None and "dimension" in str(exc).lower() else "inputs"
-            raise invalid(f"{where}: rejected by SGLang: {exc}") from None
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            raise EngineFailure(ErrorCode.INTERNAL, f"SGLang encode failed: {type(exc).__name__}: {exc}") from None
-        finally:
-            for rid in rids:
-                if rid not in done:
-                    self._abort_rid(rid)
-            if self._live.get(request_id) is rids:
-                del self._live[request_id]
-
-    @staticmethod
-    def _item(it: be.TaskItem) -> dict[str, Any]:
-        return {"input_ids": list(it.token_ids)} if it.token_ids is not None else {"text": it.text}
-
-    async def embed(self, p: be.EmbedParams) -> be.EmbedResult:
-        """SGLang's pooler truncates to ``dimensions`` then L2-normalizes: ``normalize=True`` is
-        re-applied here (exact unit norm), ``normalize=False`` cannot be honoured."""
-        if p.normalize is False:
-            raise invalid(f"options.normalize: false cannot be honoured: SGLang's {self.pooling.architecture} "
-                          "pooler returns L2-normalized embeddings and the raw vector is not recoverable")
-        outs = await self._encode([self._item(it) for it in p.inputs], p.context.request_id, p.dimensions)
-        results, total = [], 0
-        for out in outs:
-            vec = pooling.values(out)
-            if p.normalize:
-                vec = pooling.l2_normalize(vec)
-            total += int(out["meta_info"].get("prompt_tokens") or 0)
-            results.append(be.Embedding(Granularity.SEQUENCE, be.DenseTensor((len(vec),), vec)))
-        return be.EmbedResult(results, be.TaskUsageData(total))
-
-    async def classify(self, p: be.ClassifyParams) -> be.ClassifyResult:
-        """SGLang returns the head's raw logits; PROBABILITIES (the default) is softmax across the
-        labels, or a sigmoid per label for one label / multi-label models."""
-        m = self.pooling
-        semantics = p.semantics or m.classify_semantics()[0]
-        outs = await self._encode([self._item(it) for it in p.inputs], p.context.request_id)
-        results, total = [], 0
-        for out in outs:
-            vals = pooling.values(out)
-            if semantics == ValueSemantics.PROBABILITIES:
-                vals = pooling.probabilities(vals, sigmoid=m.num_labels == 1 or m.multi_label)
-            total += int(out["meta_info"].get("prompt_tokens") or 0)
-            labels = m.labels if len(m.labels) == len(vals) else ()
-            results.append(be.Classification(Granularity.SEQUENCE, semantics, be.DenseTensor((len(vals),), vals),
-                                             labels))
-        return be.ClassifyResult(results, be.TaskUsageData(total))
-
-    async def _rerank(self, p: be.ScoreParams) -> be.ScoreResult:
-        """Cross-encoder relevance: SGLang's rerank path (``is_cross_encoder_request``: query and
-        document tokenized as one pair with token type ids), the head's logit per pair."""
-        pairs = [{"pair": [g.query.text, c.text]} for g in p.groups for c in g.candidates]
-        outs = await self._encode(pairs, p.context.request_id)
-        groups, k, total = [], 0, 0
-        for g in p.groups:
-            row = []
-            for _ in g.candidates:
-                (value,) = pooling.values(outs[k])
-                total += int(outs[k]["meta_info"].get("prompt_tokens") or 0)
-                row.append(be.CandidateScore(be.DenseTensor((1,), [value])))
-                k += 1
-            groups.append(row)
-        return be.ScoreResult(groups, Granularity.SEQUENCE, ValueSemantics.RELEVANCE, ScoreNormalization.NONE,
-                              higher_is_better=True, usage=be.TaskUsageData(total))
-
-    # ------------------------------------------------------------------ score
-
-    async def score(self, p: be.ScoreParams) -> be.ScoreResult:
-        if not self.is_generation:
-            return await self._rerank(p)  # the card offers only native scoring then
-        return await self._label_score(p)
-
-    async def _label_score(self, p: be.ScoreParams) -> be.ScoreResult:
-        """Label-token scoring with SGLang's ``async_score``: the next-token log-probabilities of
-        the label tokens after query + candidate (SGLang's ``token_logprobs``), softmaxed across
-        the labels on request by the shared ``label_score_result``."""
-        labels = list(p.label_token_ids)  # non-empty: the card declares native_scoring=False
-        per_pair: list[list[float]] = []
-        total = 0
-        for g in p.groups:
-            if g.query.token_ids is not None:
-                query: Any = list(g.query.token_ids)
-                items: Any = [list(c.token_ids) if c.token_ids is not None else self._ids(c.text) for c in g.candidates]
-            else:
-                query = g.query.text
-                items = [c.text if c.text is not None else self.tokenizer.decode(list(c.token_ids))
-                         for c in g.candidates]
-            try:
-                result = await self.tm.score_request(query=query, items=items, label_token_ids=labels,
-                                                     apply_softmax=False, return_token_logprobs=True, request=None)
-            except ValueError as exc:
-                raise invalid(f"groups: rejected by SGLang: {exc}") from None
-            except Exception as exc:
-                raise EngineFailure(ErrorCode.INTERNAL, f"SGLang score failed: {exc}") from None
-            if result.token_logprobs is None or len(result.token_logprobs) != len(g.candidates):
-                raise EngineFailure(ErrorCode.INTERNAL, f"SGLang returned no label logprobs for group {g.group_id!r}")
-            per_pair.extend([float(x) for x in row] for row in result.token_logprobs)
-            total += int(result.prompt_tokens or 0)
-        return label_score_result(p, per_pair, total)
-
-    def _ids(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from openengine_adapters.backend import (
     CandidateSelection,
@@ -120,6 +120,8 @@ def parse_generate(
         cache_salt=salt,
     )
     _check_role(params, engine.role)
+    if engine.role == EngineRole.PREFILL:  # one rule for every engine: the prefill samples one token
+        params = replace(params, stopping=replace(params.stopping, max_tokens=1))
     return params
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import uuid
 from collections.abc import Sequence
 from functools import cached_property
@@ -18,46 +17,24 @@ from openengine_adapters import backend as be
 from openengine_adapters.engine_kit import card
 from openengine_adapters.engine_kit.kv_publishers import ZmqKvEvents
 from openengine_adapters.engine_kit.sessions import SessionTable
-from openengine_adapters.errors import EngineFailure, RequestRejected, engine_refused, invalid, not_found, rejected
+from openengine_adapters.errors import EngineFailure, RequestRejected, engine_refused, invalid, not_found
 from openengine_adapters.guided import guide_kwargs
-from openengine_adapters.label_scores import label_score_result
 from openengine_adapters.types import (
     CandidateMode,
-    EmbeddingEncoding,
     EngineRole,
     ErrorCode,
-    Granularity,
     HealthState,
     Modality,
-    ScoreNormalization,
-    TaskInputType,
-    ValueSemantics,
 )
 from openengine_adapters.vllm import disagg, translate
+from openengine_adapters.vllm.card import VllmCard
+from openengine_adapters.vllm.errors import client_error, engine_failure
 from openengine_adapters.vllm.media import load_images, media_connector
 from openengine_adapters.vllm.stats import StatsCollector
+from openengine_adapters.vllm.tasks import VllmTasks
 
 log = logging.getLogger(__name__)
 
-
-
-def _client_error(exc: Exception) -> RequestRejected:
-    from vllm.exceptions import MaxQueuedTokensError, QueueOverflowError
-
-    if isinstance(exc, QueueOverflowError | MaxQueuedTokensError):
-        return rejected(ErrorCode.OVERLOADED, f"engine queue is full: {exc}", retry_after_ms=100)
-    parameter = getattr(exc, "parameter", None)
-    if parameter in ("image", "video", "audio", "multi_modal_data"):  # vLLM names media by modality
-        parameter = "media"
-    return invalid(f"{parameter or 'request'}: rejected by vLLM: {exc}")
-
-
-def _engine_failure(exc: BaseException) -> EngineFailure:
-    from vllm.v1.engine.exceptions import EngineDeadError
-
-    if isinstance(exc, EngineDeadError):
-        return EngineFailure(ErrorCode.INTERNAL, "the vLLM engine died")
-    return EngineFailure(ErrorCode.INTERNAL, f"vLLM error: {type(exc).__name__}: {exc}")
 
 
 async def _next_output(collector):
@@ -68,10 +45,10 @@ async def _next_output(collector):
     except (asyncio.CancelledError, EngineFailure):
         raise
     except Exception as exc:
-        raise _engine_failure(exc) from None
+        raise engine_failure(exc) from None
 
 
-class VllmBackend(be.EngineBackend):
+class VllmBackend(VllmCard, VllmTasks, be.EngineBackend):
     """Serve one ``AsyncLLM``. Build it with ``await VllmBackend.create(engine, ...)``."""
 
     request_extra = translate.REQUEST_EXTRA
@@ -146,99 +123,6 @@ class VllmBackend(be.EngineBackend):
             version = NIXL_CONNECTOR_VERSION
         return self.connector.info(self.role, version)
 
-    @property
-    def max_logprobs(self) -> int:
-        return self.model_config.max_logprobs
-
-    def _logprob_support(self, explicit_ids: bool) -> be.LogprobSupport:
-        modes = [CandidateMode.TOP_N]
-        if explicit_ids:
-            modes.append(CandidateMode.TOKEN_IDS)
-        if self.max_logprobs == -1:
-            modes.append(CandidateMode.ALL)
-        return be.LogprobSupport(True, tuple(modes), self.max_logprobs if self.max_logprobs > 0 else None)
-
-    def _build_card(self) -> be.ModelCard:
-        mc, sc, cc = self.model_config, self.config.scheduler_config, self.config.cache_config
-        generates = "generate" in self.supported_tasks
-        gen = None
-        if generates:
-            prefix = bool(cc.enable_prefix_caching)
-            gen = be.GenerationSupport(
-                prompt_logprobs=self._logprob_support(explicit_ids=False),
-                output_logprobs=self._logprob_support(explicit_ids=True),
-                guided_decoding=card.guided_support(card.ALL_GUIDED),
-                max_num_sequences=sc.max_num_seqs,
-                supports_priority=sc.policy == "priority",
-                supports_stop_in_output=True,
-                supports_cache_salt=prefix,
-                supports_prefix_cache_bypass=prefix,
-            )
-        return be.ModelCard(
-            model_id=mc.model,
-            served_model_name=self.served_model_names[0],
-            served_model_aliases=self.served_model_names[1:],
-            max_context_length=mc.max_model_len,
-            max_output_tokens=mc.max_model_len if generates else None,
-            kv_block_size=cc.block_size,
-            total_kv_blocks=cc.num_gpu_blocks or None,
-            max_running_requests=sc.max_num_seqs,
-            max_batched_tokens=sc.max_num_batched_tokens,
-            tokenizer_modes=(mc.tokenizer_mode,),
-            supports_text_input=not mc.skip_tokenizer_init,
-            supports_token_ids_input=True,
-            generation=gen,
-            supports_lora=self.config.lora_config is not None,
-            supports_multimodal=bool(mc.is_multimodal_model),
-            tasks=self._task_support() if self.role == EngineRole.AGGREGATED else None,
-            extra={"dtype": str(mc.dtype).removeprefix("torch."), "kv_cache_dtype": str(cc.cache_dtype),
-                   "max_logprobs": mc.max_logprobs, **({"quantization": mc.quantization} if mc.quantization else {})},
-        )
-
-    def _task_support(self) -> be.TaskSupport | None:
-        tasks = self.supported_tasks
-        lora = self.config.lora_config is not None
-        priority = self.config.scheduler_config.policy == "priority"
-        embed = classify = score = None
-        if "embed" in tasks or "token_embed" in tasks:
-            grans = tuple(g for g, t in ((Granularity.SEQUENCE, "embed"), (Granularity.TOKEN, "token_embed"))
-                          if t in tasks)
-            dim = getattr(self.model_config.hf_config, "hidden_size", None)
-            embed = be.EmbedSupport(
-                supported=True, input_types=card.TEXT_INPUTS, granularities=grans,
-                encodings=(EmbeddingEncoding.DENSE,), dimension=dim,
-                supports_priority=priority, supports_lora=lora, supports_normalization=True,
-                supports_dimension_override=bool(self.model_config.is_matryoshka),
-            )
-        if "classify" in tasks:
-            classify = be.ClassifySupport(
-                supported=True, input_types=card.TEXT_INPUTS, granularities=(Granularity.SEQUENCE,),
-                semantics=(ValueSemantics.PROBABILITIES, ValueSemantics.LOGITS),
-                supports_priority=priority, supports_lora=lora,
-            )
-        if self._num_labels() == 1 and "classify" in tasks:
-            score = be.ScoreSupport(  # cross-encoder: one relevance logit per (query, document)
-                supported=True, input_types=(TaskInputType.TEXT,), granularities=(Granularity.SEQUENCE,),
-                semantics=(ValueSemantics.RELEVANCE,), normalizations=(ScoreNormalization.NONE,),
-                supports_label_token_scoring=False, supports_instruction=False,
-                supports_priority=priority, supports_lora=lora, higher_is_better=True,
-            )
-        elif "embed" in tasks:
-            score = be.ScoreSupport(  # bi-encoder: cosine similarity of the two embeddings
-                supported=True, input_types=card.TEXT_INPUTS, granularities=(Granularity.SEQUENCE,),
-                semantics=(ValueSemantics.SIMILARITY,), normalizations=(ScoreNormalization.NONE,),
-                supports_label_token_scoring=False, supports_instruction=False,
-                supports_priority=priority, supports_lora=lora, higher_is_better=True,
-            )
-        elif "generate" in tasks:
-            score = card.label_score_support(priority=priority, lora=lora,
-                                             max_label_token_ids=translate.MAX_LOGPROB_TOKEN_IDS)
-        if embed is classify is score is None:
-            return None
-        return be.TaskSupport(embed=embed, classify=classify, score=score)
-
-    def _num_labels(self) -> int | None:
-        return getattr(self.model_config.hf_config, "num_labels", None)
 
     async def start(self) -> None:
         await self.kv_publishers.start()
@@ -346,8 +230,7 @@ class VllmBackend(be.EngineBackend):
         from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
         kw = translate.sampling_kwargs(params)
-        if self.role == EngineRole.PREFILL:
-            kw["max_tokens"] = 1  # the prefill's one sampled token is recomputed by the decode side
+        if self.role == EngineRole.PREFILL:  # max_tokens is 1 (validation): the decode side recomputes it
             kv_transfer_params = self.connector.prefill_transfer_params()
         if kv_transfer_params is not None:
             kw["extra_args"] = {**kw.get("extra_args", {}), "kv_transfer_params": kv_transfer_params}
@@ -358,7 +241,7 @@ class VllmBackend(be.EngineBackend):
         try:
             return SamplingParams(output_kind=RequestOutputKind.DELTA, **kw)
         except (VLLMClientError, ValueError, TypeError) as exc:
-            raise _client_error(exc) from None
+            raise client_error(exc) from None
 
     @cached_property
     def _media_connector(self):
@@ -403,7 +286,7 @@ class VllmBackend(be.EngineBackend):
         try:
             (rendered,) = await self.engine.renderer.render_cmpl_async([prompt])
         except Exception as exc:
-            raise _client_error(exc) from None
+            raise client_error(exc) from None
         handoff.check_prompt(rendered["prompt_token_ids"])
         return rendered
 
@@ -426,7 +309,7 @@ class VllmBackend(be.EngineBackend):
             from vllm.exceptions import VLLMClientError
 
             if isinstance(exc, VLLMClientError | ValueError | TypeError):
-                raise _client_error(exc) from None
+                raise client_error(exc) from None
             raise engine_refused(f"vLLM refused the request: {exc}") from None
 
     async def _stream(self, params: be.GenerateParams, collector, handoff: disagg.Handoff | None = None):
@@ -560,192 +443,3 @@ class VllmBackend(be.EngineBackend):
 
     async def list_loras(self) -> list[be.LoraAdapterInfo]:
         return [be.LoraAdapterInfo(r.lora_int_id, r.lora_name, r.lora_path) for r in self._loras.values()]
-
-    # ------------------------------------------------------------------ tasks
-
-    def _task_prompt(self, item: be.TaskItem) -> dict:
-        if item.token_ids is not None:
-            return {"prompt_token_ids": list(item.token_ids)}
-        return {"prompt": item.text}
-
-    async def _pool(self, items: Sequence[be.TaskItem | dict], task: str, request_id: str, ctx=None,
-                    **pooling):
-        """Run one pooling request per item concurrently; outputs in item order."""
-        from vllm.pooling_params import PoolingParams
-
-        lora = self._lora(ctx.lora_name) if ctx is not None else None
-        priority = translate.engine_priority(ctx.priority if ctx is not None else None)
-        jobs = []
-        for engine_id, item in zip(self._sub_ids(request_id, len(items)), items, strict=True):
-            prompt = dict(item) if isinstance(item, dict) else self._task_prompt(item)
-            params = PoolingParams(task=task, **pooling)
-            if "token_type_ids" in prompt:  # cross-encoder pairs, passed as vLLM's scorer does
-                from vllm.entrypoints.pooling.scoring.utils import compress_token_type_ids
-
-                params.extra_kwargs = {"compressed_token_type_ids":
-                                       compress_token_type_ids(prompt.pop("token_type_ids"))}
-            jobs.append(_final(self.engine.encode(prompt, params, engine_id, lora_request=lora,
-                                                  priority=priority)))
-        try:
-            return await asyncio.gather(*jobs)
-        finally:
-            self._subrequests.pop(request_id, None)
-
-    def _sub_ids(self, request_id: str, count: int) -> list[str]:
-        """Engine ids for the items of one task request. vLLM aborts every request sharing an
-        external id, so they carry a random part no client id can collide with."""
-        salt = uuid.uuid4().hex[:12]
-        ids = [f"{request_id}/oe-{salt}-{i}" for i in range(count)]
-        self._subrequests[request_id] = ids
-        return ids
-
-    async def embed(self, p: be.EmbedParams) -> be.EmbedResult:
-        token = p.granularity == Granularity.TOKEN
-        kw = {}
-        if p.normalize is not None:
-            kw["use_activation"] = p.normalize
-        if p.dimensions is not None:
-            kw["dimensions"] = p.dimensions
-        outs = await self._pool(p.inputs, "token_embed" if token else "embed", p.context.request_id,
-                                p.context, **kw)
-        results, total = [], 0
-        for out in outs:
-            data = out.outputs.data
-            ids = list(out.prompt_token_ids)
-            total += len(ids)
-            if token:
-                rows = data.tolist()
-                results.append(be.Embedding(Granularity.TOKEN, be.DenseTensor((len(rows), len(rows[0])),
-                                                                                [x for r in rows for x in r]), ids))
-            else:
-                values = data.tolist()
-                results.append(be.Embedding(Granularity.SEQUENCE, be.DenseTensor((len(values),), values)))
-        return be.EmbedResult(results, be.TaskUsageData(total, sum(o.num_cached_tokens or 0 for o in outs)))
-
-    def _labels(self) -> list[str]:
-        id2label = getattr(self.model_config.hf_config, "id2label", None) or {}
-        return [str(id2label[i]) for i in sorted(id2label)] if id2label else []
-
-    async def classify(self, p: be.ClassifyParams) -> be.ClassifyResult:
-        logits = p.semantics == ValueSemantics.LOGITS
-        outs = await self._pool(p.inputs, "classify", p.context.request_id, p.context,
-                                use_activation=not logits)
-        labels = self._labels()
-        results, total = [], 0
-        for out in outs:
-            values = out.outputs.data.tolist()
-            total += len(out.prompt_token_ids)
-            sem = ValueSemantics.LOGITS if logits else ValueSemantics.PROBABILITIES
-            results.append(be.Classification(Granularity.SEQUENCE, sem, be.DenseTensor((len(values),), values),
-                                             labels if len(labels) == len(values) else ()))
-        return be.ClassifyResult(results, be.TaskUsageData(total))
-
-    async def score(self, p: be.ScoreParams) -> be.ScoreResult:
-        if p.label_token_ids:
-            return await self._label_token_score(p)
-        if self._num_labels() == 1 and "classify" in self.supported_tasks:
-            return await self._cross_encoder_score(p)
-        return await self._cosine_score(p)
-
-    async def _cross_encoder_score(self, p: be.ScoreParams) -> be.ScoreResult:
-        tokenizer = self.engine.tokenizer
-        prompts = []
-        for g in p.groups:
-            for c in g.candidates:
-                enc = tokenizer(text=g.query.text, text_pair=c.text)
-                prompt = {"prompt_token_ids": enc["input_ids"]}
-                if "token_type_ids" in enc:
-                    prompt["token_type_ids"] = enc["token_type_ids"]
-                prompts.append(prompt)
-        outs = await self._pool(prompts, "classify", p.context.request_id, p.context, use_activation=False)
-        groups, k, total = [], 0, 0
-        for g in p.groups:
-            row = []
-            for _ in g.candidates:
-                value = float(outs[k].outputs.data.reshape(-1)[0])
-                total += len(outs[k].prompt_token_ids)
-                row.append(be.CandidateScore(be.DenseTensor((1,), [value])))
-                k += 1
-            groups.append(row)
-        return be.ScoreResult(groups, Granularity.SEQUENCE, ValueSemantics.RELEVANCE, ScoreNormalization.NONE,
-                              higher_is_better=True, usage=be.TaskUsageData(total))
-
-    async def _cosine_score(self, p: be.ScoreParams) -> be.ScoreResult:
-        items = [it for g in p.groups for it in (g.query, *g.candidates)]
-        outs = await self._pool(items, "embed", p.context.request_id, p.context)
-        vectors = [o.outputs.data.tolist() for o in outs]
-        groups, k = [], 0
-        for g in p.groups:
-            q = vectors[k]
-            k += 1
-            row = []
-            for _ in g.candidates:
-                row.append(be.CandidateScore(be.DenseTensor((1,), [_cosine(q, vectors[k])])))
-                k += 1
-            groups.append(row)
-        total = sum(len(o.prompt_token_ids) for o in outs)
-        return be.ScoreResult(groups, Granularity.SEQUENCE, ValueSemantics.SIMILARITY, ScoreNormalization.NONE,
-                              higher_is_better=True, usage=be.TaskUsageData(total))
-
-    async def _label_token_score(self, p: be.ScoreParams) -> be.ScoreResult:
-        """Causal-LM label-token scoring: the next-token log-probabilities of the label tokens
-        after query + candidate, from one 1-token generation per pair."""
-        from vllm.sampling_params import RequestOutputKind, SamplingParams
-
-        labels = list(p.label_token_ids)
-        tokenizer = self.engine.tokenizer
-
-        def ids(item: be.TaskItem) -> list[int]:
-            if item.token_ids is not None:
-                return list(item.token_ids)
-            return tokenizer.encode(item.text, add_special_tokens=False)
-
-        lora = self._lora(p.context.lora_name)
-        priority = translate.engine_priority(p.context.priority)
-
-        async def one(rid: str, prompt_ids: list[int]) -> tuple[list[float], int]:
-            sp = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=labels,
-                                output_kind=RequestOutputKind.FINAL_ONLY)
-            final = await _final(self.engine.generate({"prompt_token_ids": prompt_ids}, sp, rid,
-                                                      lora_request=lora, priority=priority))
-            position = final.outputs[0].logprobs[0]
-            return [position[t].logprob for t in labels], len(prompt_ids)
-
-        prompts, shape = [], []
-        for g in p.groups:
-            head = ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None and g.query.text is not None
-                    else []) + ids(g.query)
-            shape.append(len(g.candidates))
-            prompts.extend(head + ids(c) for c in g.candidates)
-        engine_ids = self._sub_ids(p.context.request_id, len(prompts))
-        try:
-            results = await asyncio.gather(*(one(rid, prompt) for rid, prompt in zip(engine_ids, prompts,
-                                                                                      strict=True)))
-        finally:
-            self._subrequests.pop(p.context.request_id, None)
-        return label_score_result(p, [values for values, _ in results], sum(used for _, used in results))
-
-
-async def _final(outputs):
-    """The last output of a one-shot vLLM stream (encode, or a FINAL_ONLY generate), with vLLM's
-    request errors as INVALID_ARGUMENT and anything else as an engine failure."""
-    from vllm.exceptions import VLLMClientError
-
-    last = None
-    try:
-        async for out in outputs:
-            last = out
-    except asyncio.CancelledError:
-        raise
-    except (VLLMClientError, ValueError) as exc:
-        raise _client_error(exc) from None
-    except Exception as exc:
-        raise _engine_failure(exc) from None
-    return last
-
-
-def _cosine(a: Sequence[float], b: Sequence[float]) -> float:
-    dot = sum(x * y for x, y in zip(a, b, strict=True))
-    na = math.sqrt(sum(x * x for x in a))
-    nb = math.sqrt(sum(y * y for y in b))
-    return dot / (na * nb) if na and nb else 0.0

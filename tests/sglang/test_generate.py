@@ -238,11 +238,24 @@ async def test_rejections_before_acceptance(served):
     assert await _idle(served)
 
 
-async def test_cache_salt_accepted(served):
-    r = greedy(req("salt", max_tokens=2))
-    r.kv.cache_salt = "tenant-a"
-    responses = await run(served.stub, r)
-    check_stream(r, responses)
+async def test_cache_salt_separates_prefix_caches(served):
+    """The salt reaches SGLang's radix cache: the same prompt reuses its KV under the same salt,
+    and none of it under another (a dropped salt would share it)."""
+    ids = list(range(200, 240))
+
+    async def cached(rid: str, salt: str) -> int:
+        r = g.GenerateRequest(request_id=rid, model="tiny", token_ids=input_pb2.TokenIds(ids=ids))
+        r.stopping.max_tokens = 2
+        r.kv.cache_salt = salt
+        responses = await run(served.stub, r)
+        check_stream(r, responses)
+        return responses[-1].usage.cached_prompt_tokens
+
+    await cached("salt-a1", "tenant-a")
+    same = await cached("salt-a2", "tenant-a")
+    other = await cached("salt-b1", "tenant-b")
+    assert same >= 32, same  # whole pages of the same prompt under the same salt
+    assert other < same and other == 0, (other, same)
 
 
 async def _idle(served, timeout=20.0) -> bool:
