@@ -30,6 +30,7 @@ async def start_backend(ns_or_args, role: EngineRole | None = None, *, advertise
 
     from openengine_adapters.vllm.backend import VllmBackend
     from openengine_adapters.vllm.disagg import role_problem
+    from openengine_adapters.vllm.stat_logger import stat_logger_factory
     from openengine_adapters.vllm.stats import StatsCollector
 
     engine_args = (AsyncEngineArgs.from_cli_args(ns_or_args)
@@ -43,7 +44,7 @@ async def start_backend(ns_or_args, role: EngineRole | None = None, *, advertise
         role = default_role(engine_args.kv_transfer_config)
     elif problem := role_problem(role, engine_args.kv_transfer_config):
         raise SystemExit(f"--role: {problem}")  # before minutes of engine start-up
-    engine = AsyncLLM.from_engine_args(engine_args, stat_loggers=[stats.factory])
+    engine = AsyncLLM.from_engine_args(engine_args, stat_loggers=[stat_logger_factory(stats)])
     try:
         # vLLM's model config keeps only the first served name; the rest are our aliases
         return await VllmBackend.create(engine, role=role, stats=stats, version=vllm.__version__,

@@ -27,3 +27,12 @@ class OpenEngineStatLogger(StatLoggerBase):
 
     def log_engine_initialized(self) -> None:
         pass
+
+
+def stat_logger_factory(collector: StatsCollector):
+    """Pass as ``AsyncLLM(stat_loggers=[stat_logger_factory(collector)])``."""
+
+    def factory(vllm_config, engine_index: int = 0) -> OpenEngineStatLogger:
+        return OpenEngineStatLogger(vllm_config, engine_index, collector=collector)
+
+    return factory

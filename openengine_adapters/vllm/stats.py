@@ -32,12 +32,6 @@ class StatsCollector:
         self.events: EventHub[RuntimeEventData] = EventHub(hub_queue_size)
         self._ids = itertools.count(1)
 
-    def factory(self, vllm_config, engine_index: int = 0):
-        """Pass as ``AsyncLLM(stat_loggers=[collector.factory])``."""
-        from openengine_adapters.vllm.stat_logger import OpenEngineStatLogger
-
-        return OpenEngineStatLogger(vllm_config, engine_index, collector=self)
-
     def _emit(self, type_: RuntimeEventType, now: int, attributes: dict[str, str]) -> None:
         self.events.publish(RuntimeEventData(f"vllm-{next(self._ids)}", now, type_, attributes))
 
