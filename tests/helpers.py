@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import pathlib
 import re
@@ -155,3 +156,19 @@ async def fake_fails_to_start(*args: str) -> str:
     out, _ = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode != 0, out.decode()
     return out.decode()
+
+
+async def eventually(check, timeout: float = 20.0, interval: float = 0.02,
+                     message: str = "condition not reached in time") -> float:
+    """Poll ``check`` (a function, sync or async, truthy once the condition holds) until it holds;
+    fail the test after ``timeout`` seconds. Returns the seconds it took. The one poll-until helper."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while True:
+        result = check()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return loop.time() - start
+        assert loop.time() - start < timeout, message
+        await asyncio.sleep(interval)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import grpc
 import pytest
-from helpers import collect, expect_status, gen_request, read_rest, rejection
+from helpers import collect, eventually, expect_status, gen_request, read_rest, rejection
 from stream_contract import check_generate_stream
 
 from openengine_adapters.errors import RETRY_AFTER_TRAILER
@@ -20,14 +18,6 @@ SLOW = {"fake.step_delay_ms": "20"}
 def slow_request(rid: str, max_tokens: int = 200, **kw) -> generation_pb2.GenerateRequest:
     return gen_request("hi", request_id=rid, metadata=SLOW,
                        stopping=generation_pb2.StoppingOptions(max_tokens=max_tokens), **kw)
-
-
-async def settle(predicate, timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < end, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 def idle(h) -> bool:
@@ -50,7 +40,7 @@ async def test_abort_by_id_cancels_remaining_outputs(oe):
     s = check_generate_stream(req, [first, *rest])
     assert {f.reason for f in s.finished.values()} == {generation_pb2.FINISH_REASON_CANCELLED}
     assert sorted(s.finished) == [0, 1]
-    await settle(lambda: idle(oe))
+    await eventually(lambda: idle(oe))
     assert await running_count(oe) == 0
     again = await oe.stub.Abort(lifecycle_pb2.AbortRequest(request_id="a1"))
     assert again.status == lifecycle_pb2.ABORT_STATUS_ALREADY_FINISHED
@@ -85,7 +75,7 @@ async def test_abort_all(oe):
     for c in calls:
         last = (await read_rest(c))[-1]
         assert last.finished.reason == generation_pb2.FINISH_REASON_CANCELLED
-    await settle(lambda: idle(oe))
+    await eventually(lambda: idle(oe))
 
 
 async def test_abort_task_request(oe):
@@ -94,11 +84,11 @@ async def test_abort_task_request(oe):
             "fake.step_delay_ms": "2000"}),
         inputs=[tasks_pb2.TaskInput(item_id="x", text="abc")])
     call = oe.stub.Embed(req)
-    await settle(lambda: oe.service.registry.get("e1") is not None)
+    await eventually(lambda: oe.service.registry.get("e1") is not None)
     resp = await oe.stub.Abort(lifecycle_pb2.AbortRequest(request_id="e1"))
     assert resp.status == lifecycle_pb2.ABORT_STATUS_ABORTED
     await expect_status(call, grpc.StatusCode.CANCELLED)
-    await settle(lambda: idle(oe))
+    await eventually(lambda: idle(oe))
     assert "e1" in oe.fake.aborted
 
 
@@ -112,7 +102,7 @@ async def test_abort_by_kv_session_on_decode_and_prefill(serve):
         resp = await h.stub.Abort(lifecycle_pb2.AbortRequest(kv_session=ref))
         assert resp.status == lifecycle_pb2.ABORT_STATUS_ABORTED
         assert (await read_rest(call))[-1].finished.reason == generation_pb2.FINISH_REASON_CANCELLED
-        await settle(lambda: idle(h))
+        await eventually(lambda: idle(h))
     async with serve(None, role=EngineRole.PREFILL) as h:
         responses = await collect(h.stub, gen_request("hi", request_id="p1"))
         ref = responses[-1].prefill_ready.kv_session
@@ -130,7 +120,7 @@ async def test_client_cancel_stops_engine_work(oe):
     call = oe.stub.Generate(slow_request("c1"))
     await call.read()
     call.cancel()
-    await settle(lambda: idle(oe))
+    await eventually(lambda: idle(oe))
     assert "c1" in oe.fake.aborted
     assert await running_count(oe) == 0
     # the id is free again once the engine confirmed the end
@@ -142,7 +132,7 @@ async def test_deadline_stops_engine_work(oe):
         async for _ in oe.stub.Generate(slow_request("dl"), timeout=0.2):
             pass
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    await settle(lambda: idle(oe))
+    await eventually(lambda: idle(oe))
     assert "dl" in oe.fake.aborted
 
 
@@ -154,7 +144,7 @@ async def test_cancelled_unary_task_stops_engine_work(oe):
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await oe.stub.Embed(req, timeout=0.2)
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    await settle(lambda: idle(oe))
+    await eventually(lambda: idle(oe))
 
 
 # ---------------------------------------------------------------- admission
@@ -174,7 +164,7 @@ async def test_admission_limit_rejects_with_retry_hint_and_frees_slots(serve):
         await expect_status(h.stub.Embed(req), grpc.StatusCode.RESOURCE_EXHAUSTED)
         for c in calls:
             c.cancel()
-        await settle(lambda: idle(h))
+        await eventually(lambda: idle(h))
         await collect(h.stub, gen_request("hi"))
 
 
@@ -215,7 +205,7 @@ async def test_drain_immediate_deadline_aborts_with_draining_error(oe):
     assert events[-1].state == lifecycle_pb2.DRAIN_STATE_COMPLETE
     s = check_generate_stream(req, [first, *await read_rest(call)])
     assert s.error.code == ErrorCode.DRAINING and s.error.retryable
-    await settle(lambda: idle(oe))
+    await eventually(lambda: idle(oe))
 
 
 async def test_drain_deadline_without_abort_ends_with_error(oe):

@@ -8,7 +8,7 @@ import asyncio
 import grpc
 import pytest
 from conftest import PAGE_SIZE, running_requests
-from helpers import collect, read_rest
+from helpers import collect, eventually, read_rest
 
 from openengine_adapters.v1 import engine_pb2, lifecycle_pb2, model_pb2, observability_pb2
 from openengine_adapters.v1 import generation_pb2 as g
@@ -37,10 +37,10 @@ async def wait_idle(served, timeout=20.0):
 
 async def until_running(served, at_least=1, timeout=10.0):
     """SGLang publishes its load snapshot on prefill and every 15 decode steps (and when idle)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while await running_requests(served.tm) < at_least:
-        assert asyncio.get_running_loop().time() < deadline, "SGLang never reported the request running"
-        await asyncio.sleep(0.05)
+    async def running() -> bool:
+        return await running_requests(served.tm) >= at_least
+
+    await eventually(running, timeout, 0.05, "SGLang never reported the request running")
 
 
 async def first_token(call):

@@ -11,7 +11,7 @@ import grpc
 import pytest
 import pytest_asyncio
 from conftest import engine_args, serve_vllm
-from helpers import collect, expect_status, read_rest, rejection
+from helpers import collect, eventually, expect_status, read_rest, rejection
 from stream_contract import check_generate_stream
 
 from openengine_adapters.types import ErrorCode
@@ -264,14 +264,6 @@ async def test_cache_salt_and_bypass_visible_in_cached_tokens(vllm, reference):
     assert await cached(cache_salt="alpha", bypass_prefix_cache=True) == 0
 
 
-async def wait_for(predicate, timeout=20.0):
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < end
-        await asyncio.sleep(0.02)
-
-
 def long_request(rid):
     return g.GenerateRequest(request_id=rid, prompt=PROMPT,
                              stopping=g.StoppingOptions(max_tokens=400, ignore_eos=True))
@@ -284,11 +276,11 @@ async def test_abort_and_cancel_leave_no_engine_work(vllm):
     assert resp.status == lifecycle_pb2.ABORT_STATUS_ABORTED
     rest = await read_rest(call)
     assert rest[-1].finished.reason == g.FINISH_REASON_CANCELLED
-    await wait_for(lambda: vllm.engine.get_num_unfinished_requests() == 0)
+    await eventually(lambda: vllm.engine.get_num_unfinished_requests() == 0)
     call = vllm.stub.Generate(long_request("cancel-me"))
     await call.read()
     call.cancel()
-    await wait_for(lambda: vllm.engine.get_num_unfinished_requests() == 0 and len(vllm.service.registry) == 0)
+    await eventually(lambda: vllm.engine.get_num_unfinished_requests() == 0 and len(vllm.service.registry) == 0)
     load = await vllm.stub.GetLoad(obs.GetLoadRequest())
     assert load.running_requests == 0 and load.queued_requests == 0
 
@@ -310,7 +302,7 @@ async def test_load_moves_and_runtime_events_flow(vllm):
         assert len(generated) < 50, generated
     events.cancel()
     call.cancel()
-    await wait_for(lambda: vllm.engine.get_num_unfinished_requests() == 0)
+    await eventually(lambda: vllm.engine.get_num_unfinished_requests() == 0)
 
 
 async def test_health_probe_runs_a_real_inference(vllm):
