@@ -22,6 +22,7 @@ from openengine_adapters import backend as be
 from openengine_adapters.engine_kit import outputs
 from openengine_adapters.errors import EngineFailure, invalid
 from openengine_adapters.guided import choice_regex
+from openengine_adapters.sampling import REAL_FIELDS, set_sampling
 from openengine_adapters.types import CandidateMode, ErrorCode, FinishReason, GuidedMode
 from openengine_adapters.validation.kv import struct_int
 
@@ -101,10 +102,7 @@ def sampling_params(p: be.GenerateParams, index: int = 0, *, max_new_tokens: int
     """
     s, st = p.sampling, p.stopping
     sp: dict[str, Any] = {"max_new_tokens": st.max_tokens if st.max_tokens is not None else max_new_tokens}
-    for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"):
-        value = getattr(s, name)
-        if value is not None:
-            sp[name] = value
+    sp.update(set_sampling(p, "sglang", REAL_FIELDS))  # top_k and seed are mapped by value below
     if s.top_k is not None:
         sp["top_k"] = s.top_k if s.top_k > 0 else -1  # OpenEngine 0/-1 = disabled; SGLang -1 = all
     if s.seed is not None:

@@ -77,7 +77,7 @@ def sampling_kwargs(p: be.GenerateParams, prompt_len: int, max_context: int | No
     sampling knobs at ``SAMPLING_DEFAULTS``, ``max_tokens`` None when absent, top_k -1 mapped to 0
     and top-k logprob counts."""
     lp = p.logprobs
-    kw = common_sampling_kwargs(p)
+    kw = common_sampling_kwargs(p, "trtllm")
     kw["max_tokens"] = max_tokens(p, prompt_len, max_context)
     if p.sampling.top_k is not None:
         kw["top_k"] = max(p.sampling.top_k, 0)  # OpenEngine -1/0 = disabled; TensorRT-LLM 0 = all tokens

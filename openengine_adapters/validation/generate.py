@@ -24,6 +24,7 @@ from openengine_adapters.backend import (
     Stopping,
 )
 from openengine_adapters.errors import invalid, not_found, role_mismatch, unsupported
+from openengine_adapters.sampling import REAL_FIELDS
 from openengine_adapters.types import CandidateMode, EngineRole, ErrorCode, GuidedMode
 from openengine_adapters.v1 import generation_pb2
 from openengine_adapters.validation.inputs import (
@@ -149,23 +150,14 @@ def _parse_input(req, card: ModelCard) -> tuple[str | None, tuple[int, ...] | No
 def _parse_sampling(req, gen: GenerationSupport) -> Sampling:
     s = req.sampling
     opt = {}
-    for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty",
-                 "repetition_penalty"):
-        if s.HasField(name):
-            value = getattr(s, name)
-            check_finite(value, f"sampling.{name}")
-            opt[name] = value
-    if opt.get("temperature", 0.0) < 0:
-        raise invalid("sampling.temperature: must be >= 0")
-    if "top_p" in opt and not 0.0 < opt["top_p"] <= 1.0:
-        raise invalid("sampling.top_p: must be in (0, 1]")
-    if "min_p" in opt and not 0.0 <= opt["min_p"] <= 1.0:
-        raise invalid("sampling.min_p: must be in [0, 1]")
-    for name in ("frequency_penalty", "presence_penalty"):
-        if name in opt and not -2.0 <= opt[name] <= 2.0:
-            raise invalid(f"sampling.{name}: must be in [-2, 2]")
-    if "repetition_penalty" in opt and opt["repetition_penalty"] <= 0:
-        raise invalid("sampling.repetition_penalty: must be > 0")
+    for f in REAL_FIELDS:  # the sampling table: every value finite, then each in its range
+        if s.HasField(f.name):
+            value = getattr(s, f.name)
+            check_finite(value, f"sampling.{f.name}")
+            opt[f.name] = value
+    for f in REAL_FIELDS:
+        if f.name in opt and not f.within(opt[f.name]):
+            raise invalid(f"sampling.{f.name}: {f.rule}")
     if s.HasField("top_k"):
         if s.top_k < -1:
             raise invalid("sampling.top_k: must be -1 or 0 (disabled) or a positive count")

@@ -34,7 +34,7 @@ def sampling_kwargs(p: be.GenerateParams) -> dict[str, Any]:
     explicit ``max_tokens`` (absent: None, so vLLM generates up to the context length), logprob
     selections, prefix-cache bypass and metadata."""
     lp = p.logprobs
-    kw = common_sampling_kwargs(p)
+    kw = common_sampling_kwargs(p, "vllm")
     kw["max_tokens"] = p.stopping.max_tokens
     if lp.output:
         sel = lp.output_candidates
