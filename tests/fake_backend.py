@@ -36,7 +36,7 @@ import grpc
 
 from openengine_adapters import backend as be
 from openengine_adapters.errors import EngineFailure, RequestRejected
-from openengine_adapters.events import EventHub
+from openengine_adapters.event_hub import EventHub
 from openengine_adapters.types import (
     CandidateMode,
     EmbeddingEncoding,

@@ -1,4 +1,4 @@
-"""Compare what a running server advertises in GetModelInfo with adapters/<engine>/manifest.json
+"""Compare what a running server advertises in GetModelInfo with manifests/<engine>/manifest.json
 (shared by the real-engine suites: tests/vllm, tests/sglang)."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from pathlib import Path
 
 from openengine_adapters.v1 import model_pb2, tasks_pb2
 
-ADAPTERS = Path(__file__).resolve().parents[1] / "adapters"
+MANIFESTS = Path(__file__).resolve().parents[1] / "manifests"
 
 
 def manifest(engine: str) -> dict:
-    return json.loads((ADAPTERS / engine / "manifest.json").read_text())
+    return json.loads((MANIFESTS / engine / "manifest.json").read_text())
 
 
 M = model_pb2

@@ -18,7 +18,7 @@ def load_tool():
     return module
 
 
-@pytest.mark.parametrize("path", sorted(ROOT.glob("adapters/*/manifest.json")), ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("path", sorted(ROOT.glob("manifests/*/manifest.json")), ids=lambda p: p.parent.name)
 def test_manifest_shape(path):
     m = json.loads(path.read_text())
     assert m["engine"] == path.parent.name and m["tested_versions"] and m["package"]

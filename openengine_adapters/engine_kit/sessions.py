@@ -65,6 +65,35 @@ def check_seal(attributes: Mapping[str, Any], prompt: str | None, token_ids: Seq
                           f"(kv.session.attributes_struct.{DIGEST_KEY})")
 
 
+# ---------------------------------------------------------------------------- session attributes
+# A KvSessionRef's attributes_struct is a protobuf Struct: its numbers arrive as doubles.
+
+
+def struct_int(value: Any, name: str) -> int:
+    """An integer from a Struct value: numbers arrive as doubles; big ids may be decimal strings."""
+    if isinstance(value, bool):
+        raise invalid(f"kv.session.attributes_struct.{name}: must be an integer, got a boolean")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    raise invalid(f"kv.session.attributes_struct.{name}: must be an integer, got {value!r}")
+
+
+def restore_struct_ints(value: Any) -> Any:
+    """A Struct value with its integral doubles given back as ints (ports, block ids, sizes), at
+    any depth: engine handoffs read them as ints."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [restore_struct_ints(v) for v in value]
+    if isinstance(value, dict):
+        return {k: restore_struct_ints(v) for k, v in value.items()}
+    return value
+
+
 class SessionTable:
     """Sessions by side: on a prefill engine the handed-off ones (with an engine handle, e.g. the
     request ids to abort), on a decode engine the handoffs already used and the decodes in flight.

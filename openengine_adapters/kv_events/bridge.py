@@ -47,7 +47,7 @@ from openengine_adapters.backend import (
     KvEventData,
 )
 from openengine_adapters.errors import EngineFailure, invalid
-from openengine_adapters.events import EventHub
+from openengine_adapters.event_hub import EventHub
 from openengine_adapters.kv_events.decode import DecodeError, DecodeStats, decode_batch
 from openengine_adapters.kv_events.sources import PublisherConfig, local_address, publisher_binds
 from openengine_adapters.types import ErrorCode, StorageMedium

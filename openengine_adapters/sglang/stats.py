@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from openengine_adapters.backend import RuntimeEventData
-from openengine_adapters.events import EventHub
+from openengine_adapters.event_hub import EventHub
 from openengine_adapters.types import RuntimeEventType
 
 log = logging.getLogger(__name__)

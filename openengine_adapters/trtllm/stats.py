@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from openengine_adapters import backend as be
-from openengine_adapters.events import EventHub
+from openengine_adapters.event_hub import EventHub
 from openengine_adapters.types import RuntimeEventType
 
 log = logging.getLogger(__name__)

@@ -19,10 +19,10 @@ from typing import Any
 
 from openengine_adapters import backend as be
 from openengine_adapters.engine_kit import outputs
+from openengine_adapters.engine_kit.sessions import struct_int
 from openengine_adapters.errors import EngineFailure, invalid
 from openengine_adapters.sampling import common_sampling_kwargs
 from openengine_adapters.types import ErrorCode, FinishReason, StorageMedium
-from openengine_adapters.validation.kv import struct_int
 
 # A handoff is laid out as TensorRT-LLM's own OpenEngine server lays it out
 # (tensorrt_llm/grpc/openengine/disagg.py prefill_ready_response / disaggregated_params_from_request),

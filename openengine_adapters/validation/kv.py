@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from openengine_adapters.backend import KvEndpoint, KvSession
 from openengine_adapters.errors import invalid
 from openengine_adapters.v1 import kv_pb2
@@ -38,28 +36,3 @@ def parse_kv_session(ref: kv_pb2.KvSessionRef, field: str, transfer_backend: str
         dp_rank=ref.dp_rank,
         attributes=attributes,
     )
-
-
-def struct_int(value: Any, name: str) -> int:
-    """An integer from a Struct value: numbers arrive as doubles; big ids may be decimal strings."""
-    if isinstance(value, bool):
-        raise invalid(f"kv.session.attributes_struct.{name}: must be an integer, got a boolean")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and value.lstrip("-").isdigit():
-        return int(value)
-    raise invalid(f"kv.session.attributes_struct.{name}: must be an integer, got {value!r}")
-
-
-def restore_struct_ints(value: Any) -> Any:
-    """A Struct value with its integral doubles given back as ints (ports, block ids, sizes), at
-    any depth: engine handoffs read them as ints."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, list):
-        return [restore_struct_ints(v) for v in value]
-    if isinstance(value, dict):
-        return {k: restore_struct_ints(v) for k, v in value.items()}
-    return value

@@ -23,10 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from openengine_adapters import backend as be
-from openengine_adapters.engine_kit.sessions import DIGEST_KEY, TOKENS_KEY, check_seal, seal
+from openengine_adapters.engine_kit.sessions import DIGEST_KEY, TOKENS_KEY, check_seal, restore_struct_ints, seal
 from openengine_adapters.errors import invalid, not_found
 from openengine_adapters.types import EngineRole, ErrorCode
-from openengine_adapters.validation.kv import restore_struct_ints
 
 # kv_role values that can serve each OpenEngine role
 ROLE_KV_ROLES = {

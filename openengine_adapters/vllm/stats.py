@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from openengine_adapters.backend import RuntimeEventData
-from openengine_adapters.events import EventHub
+from openengine_adapters.event_hub import EventHub
 from openengine_adapters.types import RuntimeEventType
 
 

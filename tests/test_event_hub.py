@@ -8,7 +8,7 @@ import grpc
 from helpers import collect, expect_status, gen_request, read_rest
 
 from openengine_adapters.errors import EngineFailure
-from openengine_adapters.events import EventHub
+from openengine_adapters.event_hub import EventHub
 from openengine_adapters.types import ErrorCode, RuntimeEventType
 from openengine_adapters.v1 import kv_pb2
 from openengine_adapters.v1 import observability_pb2 as obs
