@@ -6,7 +6,7 @@ import asyncio
 
 import grpc
 from helpers import expect_status, rejection
-from test_events import wait_subscribers
+from test_event_hub import wait_subscribers
 
 from openengine_adapters.errors import RETRY_AFTER_TRAILER
 from openengine_adapters.v1 import error_pb2, kv_pb2, lifecycle_pb2
