@@ -32,12 +32,12 @@ from openengine_adapters.errors import (
     engine_refused,
     invalid,
     not_found,
-    precondition,
     rejected,
     unsupported,
 )
 from openengine_adapters.sglang import pooling, translate
 from openengine_adapters.sglang.card import SglangCard, server_arg
+from openengine_adapters.sglang.lora import SglangLora
 from openengine_adapters.sglang.tasks import SglangTasks
 from openengine_adapters.types import (
     EngineRole,
@@ -64,7 +64,7 @@ class SglangOptions:
     advertise_kv_events: bool = True      # False: a private KV-event publisher, bridged but not advertised
 
 
-class SglangBackend(SglangCard, SglangTasks, be.EngineBackend):
+class SglangBackend(SglangCard, SglangLora, SglangTasks, be.EngineBackend):
     """Serve one ``sglang.srt.entrypoints.engine.Engine`` (created by the caller)."""
 
     request_extra = translate.REQUEST_EXTRA
@@ -514,28 +514,3 @@ class SglangBackend(SglangCard, SglangTasks, be.EngineBackend):
 
     def open_kv_sessions(self) -> int | None:
         return self.sessions.held() if self.role == EngineRole.PREFILL else None
-
-    # ------------------------------------------------------------------ LoRA
-
-    async def load_lora(self, adapter: be.LoraAdapterInfo) -> None:
-        from sglang.srt.managers.io_struct import LoadLoRAAdapterReqInput
-
-        try:
-            result = await self.tm.load_lora_adapter(
-                LoadLoRAAdapterReqInput(lora_name=adapter.lora_name, lora_path=adapter.source_path), None)
-        except (ValueError, TypeError, OSError) as exc:
-            raise invalid(f"adapter.source_path: SGLang could not load the adapter: {exc}") from None
-        if result is not None and getattr(result, "success", True) is False:
-            raise invalid(f"adapter: SGLang refused to load the adapter: {getattr(result, 'error_message', '')}")
-        self._loras[adapter.lora_name] = adapter
-
-    async def unload_lora(self, adapter: be.LoraAdapterInfo) -> None:
-        from sglang.srt.managers.io_struct import UnloadLoRAAdapterReqInput
-
-        result = await self.tm.unload_lora_adapter(UnloadLoRAAdapterReqInput(lora_name=adapter.lora_name), None)
-        if result is not None and getattr(result, "success", True) is False:
-            raise precondition(f"lora_name: SGLang refused to unload: {getattr(result, 'error_message', '')}")
-        self._loras.pop(adapter.lora_name, None)
-
-    async def list_loras(self) -> list[be.LoraAdapterInfo]:
-        return list(self._loras.values())
