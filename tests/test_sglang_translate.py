@@ -69,7 +69,7 @@ def test_sampling_params_per_index_seed_and_default_max():
     p = params(sampling=be.Sampling(seed=11, num_sequences=3))
     assert [t.sampling_params(p, i)["sampling_seed"] for i in range(3)] == [11, t.derived_seed(11, 1),
                                                                             t.derived_seed(11, 2)]
-    assert t.sampling_params(params(), max_new_tokens=1)["max_new_tokens"] == 1
+    assert t.sampling_params(params())["max_new_tokens"] is None  # explicit: SGLang's default would be 128
 
 
 @pytest.mark.parametrize("mode,value,expected", [

@@ -91,8 +91,7 @@ REQUEST_EXTRA = {
 }
 
 
-def sampling_params(p: be.GenerateParams, index: int = 0, *, max_new_tokens: int | None = None
-                    ) -> dict[str, Any]:
+def sampling_params(p: be.GenerateParams, index: int = 0) -> dict[str, Any]:
     """SGLang's ``sampling_params`` dict for output ``index`` of a validated request.
 
     Only options the client set are passed (presence), except ``max_new_tokens``, which is always
@@ -101,7 +100,7 @@ def sampling_params(p: be.GenerateParams, index: int = 0, *, max_new_tokens: int
     one SGLang request per output.
     """
     s, st = p.sampling, p.stopping
-    sp: dict[str, Any] = {"max_new_tokens": st.max_tokens if st.max_tokens is not None else max_new_tokens}
+    sp: dict[str, Any] = {"max_new_tokens": st.max_tokens}
     sp.update(set_sampling(p, "sglang", REAL_FIELDS))  # top_k and seed are mapped by value below
     if s.top_k is not None:
         sp["top_k"] = s.top_k if s.top_k > 0 else -1  # OpenEngine 0/-1 = disabled; SGLang -1 = all
@@ -135,11 +134,11 @@ def top_logprobs_num(lp: be.LogprobRequest) -> int:
     return n
 
 
-def request_kwargs(p: be.GenerateParams, rid: str, index: int = 0, *, max_new_tokens: int | None = None,
+def request_kwargs(p: be.GenerateParams, rid: str, index: int = 0, *,
                    disagg: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``GenerateReqInput`` keyword arguments for output ``index`` (one SGLang request)."""
     kw: dict[str, Any] = {"rid": rid, "stream": True,
-                          "sampling_params": sampling_params(p, index, max_new_tokens=max_new_tokens)}
+                          "sampling_params": sampling_params(p, index)}
     if p.prompt is not None:
         kw["text"] = p.prompt
     else:
