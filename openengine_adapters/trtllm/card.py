@@ -7,15 +7,12 @@ A mixin of ``TrtllmBackend``.
 from __future__ import annotations
 
 import json
-import logging
 import os
 from typing import Any
 
 from openengine_adapters import backend as be
 from openengine_adapters.engine_kit import card
 from openengine_adapters.types import CandidateMode, EngineRole, GuidedMode
-
-log = logging.getLogger(__name__)
 
 # the guides each grammar backend builds (tensorrt_llm/grpc/openengine/capabilities.py
 # GUIDE_SUPPORT_BY_BACKEND: llguidance has no structural-tag matcher); choice is lowered to a regex

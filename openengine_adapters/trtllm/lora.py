@@ -7,13 +7,10 @@ A mixin of ``TrtllmBackend``.
 from __future__ import annotations
 
 import json
-import logging
 import os
 
 from openengine_adapters import backend as be
 from openengine_adapters.errors import invalid, precondition
-
-log = logging.getLogger(__name__)
 
 LORA_WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 

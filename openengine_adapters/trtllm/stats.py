@@ -9,7 +9,6 @@ QUEUE runtime events. KV-cache events are translated in ``kv_events``.
 from __future__ import annotations
 
 import itertools
-import logging
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -17,8 +16,6 @@ from typing import Any
 from openengine_adapters import backend as be
 from openengine_adapters.event_hub import EventHub
 from openengine_adapters.types import RuntimeEventType
-
-log = logging.getLogger(__name__)
 
 
 def _int(d: Mapping[str, Any] | None, key: str) -> int | None:

@@ -7,15 +7,12 @@ A mixin of ``TrtllmBackend``.
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from openengine_adapters import backend as be
 from openengine_adapters.errors import EngineFailure
 from openengine_adapters.label_scores import label_logprobs, label_score_result
 from openengine_adapters.trtllm.handles import abort_handle, iterate
 from openengine_adapters.types import ErrorCode
-
-log = logging.getLogger(__name__)
 
 
 class TrtllmTasks:
