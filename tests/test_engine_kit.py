@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from openengine_adapters import backend as be
-from openengine_adapters.engine_kit import card, outputs
+from openengine_adapters.engine_kit import card, outputs, scores
 from openengine_adapters.engine_kit.sessions import SessionTable, check_seal, prompt_digest, seal, text_digest
 from openengine_adapters.errors import RequestRejected
-from openengine_adapters.types import ErrorCode, Feature, FinishReason
+from openengine_adapters.types import ErrorCode, Feature, FinishReason, ValueSemantics
 
 
 def test_session_table_tracks_both_sides():
@@ -109,3 +109,16 @@ def test_features_follow_the_card():
         Feature.ABORT, Feature.LOAD, Feature.GENERATE, Feature.RUNTIME_EVENTS, Feature.LORA, Feature.SCORE,
         Feature.KV_EVENTS}
     assert not card.guided_support(None).supported and card.guided_support(card.ALL_GUIDED).modes == card.ALL_GUIDED
+
+
+# --------------------------------------------------------------------------- scores
+
+
+def test_relevance_scores_follow_the_groups():
+    item = be.TaskItem("q", text="q")
+    p = be.ScoreParams(context=be.TaskContext("r", "m"), groups=(
+        be.ScoreGroupInput("g1", item, (be.TaskItem("a", text="a"), be.TaskItem("b", text="b"))),
+        be.ScoreGroupInput("g2", item, (be.TaskItem("c", text="c"),))))
+    result = scores.relevance_score_result(p, [0.5, -1.0, 2.0], 12)
+    assert [[list(c.scores.values) for c in row] for row in result.groups] == [[[0.5], [-1.0]], [[2.0]]]
+    assert result.semantics == ValueSemantics.RELEVANCE and result.higher_is_better and result.usage.input_tokens == 12

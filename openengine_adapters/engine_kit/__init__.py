@@ -4,7 +4,8 @@
 - ``sessions``: the bounded table of handed-off prefill sessions (lease, capacity, single-use decode)
   and the prompt seal that refuses a decode of another prompt;
 - ``card``: capability-card fragments and the feature set derived from a card;
-- ``kv_publishers``: the ZMQ KV-event publisher wiring (bridge start/stop, sources, subscriptions).
+- ``kv_publishers``: the ZMQ KV-event publisher wiring (bridge start/stop, sources, subscriptions);
+- ``scores``: score results from per-pair values (label-token scoring, cross-encoder relevance).
 
 An adapter keeps only its engine's work (request mapping, engine calls, engine quirks).
 """

@@ -22,7 +22,7 @@ TASK_FEATURES = (("embed", Feature.EMBED), ("classify", Feature.CLASSIFY), ("sco
 def label_score_support(*, priority: bool = False, lora: bool = False,
                         max_label_token_ids: int | None = None) -> be.ScoreSupport:
     """Score on a causal LM: the log-probabilities of the label tokens as the next token after
-    query + candidate (softmaxed across the labels on request by ``label_scores``)."""
+    query + candidate (softmaxed across the labels on request by ``scores.label_score_result``)."""
     return be.ScoreSupport(
         supported=True, input_types=TEXT_INPUTS, granularities=(Granularity.SEQUENCE,),
         semantics=(ValueSemantics.LOG_PROBABILITIES, ValueSemantics.PROBABILITIES),

@@ -10,13 +10,12 @@ import asyncio
 from typing import Any
 
 from openengine_adapters import backend as be
+from openengine_adapters.engine_kit.scores import label_score_result, relevance_score_result
 from openengine_adapters.errors import EngineFailure, RequestRejected, invalid
-from openengine_adapters.label_scores import label_score_result
 from openengine_adapters.sglang import pooling, translate
 from openengine_adapters.types import (
     ErrorCode,
     Granularity,
-    ScoreNormalization,
     ValueSemantics,
 )
 
@@ -110,17 +109,12 @@ class SglangTasks:
         document tokenized as one pair with token type ids), the head's logit per pair."""
         pairs = [{"pair": [g.query.text, c.text]} for g in p.groups for c in g.candidates]
         outs = await self._encode(pairs, p.context.request_id)
-        groups, k, total = [], 0, 0
-        for g in p.groups:
-            row = []
-            for _ in g.candidates:
-                (value,) = pooling.values(outs[k])
-                total += int(outs[k]["meta_info"].get("prompt_tokens") or 0)
-                row.append(be.CandidateScore(be.DenseTensor((1,), [value])))
-                k += 1
-            groups.append(row)
-        return be.ScoreResult(groups, Granularity.SEQUENCE, ValueSemantics.RELEVANCE, ScoreNormalization.NONE,
-                              higher_is_better=True, usage=be.TaskUsageData(total))
+        values = []
+        for out in outs:
+            (value,) = pooling.values(out)  # one relevance logit per pair
+            values.append(value)
+        total = sum(int(out["meta_info"].get("prompt_tokens") or 0) for out in outs)
+        return relevance_score_result(p, values, total)
 
     # ------------------------------------------------------------------ score
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 
 from openengine_adapters import backend as be
+from openengine_adapters.engine_kit.scores import label_logprobs, label_score_result
 from openengine_adapters.errors import EngineFailure
-from openengine_adapters.label_scores import label_logprobs, label_score_result
 from openengine_adapters.trtllm.handles import abort_handle, iterate
 from openengine_adapters.types import ErrorCode
 

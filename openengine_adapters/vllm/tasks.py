@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Sequence
 
 from openengine_adapters import backend as be
-from openengine_adapters.label_scores import label_score_result
+from openengine_adapters.engine_kit.scores import label_score_result, relevance_score_result
 from openengine_adapters.types import (
     Granularity,
     ScoreNormalization,
@@ -120,17 +120,8 @@ class VllmTasks:
                     prompt["token_type_ids"] = enc["token_type_ids"]
                 prompts.append(prompt)
         outs = await self._pool(prompts, "classify", p.context.request_id, p.context, use_activation=False)
-        groups, k, total = [], 0, 0
-        for g in p.groups:
-            row = []
-            for _ in g.candidates:
-                value = float(outs[k].outputs.data.reshape(-1)[0])
-                total += len(outs[k].prompt_token_ids)
-                row.append(be.CandidateScore(be.DenseTensor((1,), [value])))
-                k += 1
-            groups.append(row)
-        return be.ScoreResult(groups, Granularity.SEQUENCE, ValueSemantics.RELEVANCE, ScoreNormalization.NONE,
-                              higher_is_better=True, usage=be.TaskUsageData(total))
+        values = [float(out.outputs.data.reshape(-1)[0]) for out in outs]
+        return relevance_score_result(p, values, sum(len(out.prompt_token_ids) for out in outs))
 
     async def _cosine_score(self, p: be.ScoreParams) -> be.ScoreResult:
         items = [it for g in p.groups for it in (g.query, *g.candidates)]

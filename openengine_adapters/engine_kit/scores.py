@@ -1,6 +1,9 @@
-"""Label-token scoring results: per (query, candidate) pair, the next-token log-probabilities of
-the requested label tokens, optionally softmaxed across the labels (SCORE_NORMALIZATION_SOFTMAX).
-Shared by the adapters of causal engines, which differ only in how they obtain the values."""
+"""Score results from per-pair values, which the adapters differ only in how they obtain.
+
+- label-token scoring (causal engines): per (query, candidate) pair, the next-token
+  log-probabilities of the requested label tokens, optionally softmaxed across the labels
+  (SCORE_NORMALIZATION_SOFTMAX);
+- cross-encoder relevance: one relevance logit per pair, higher is better."""
 
 from __future__ import annotations
 
@@ -48,3 +51,12 @@ def label_score_result(p: be.ScoreParams, per_pair: Sequence[Sequence[float]], i
     semantics = ValueSemantics.PROBABILITIES if norm == ScoreNormalization.SOFTMAX else ValueSemantics.LOG_PROBABILITIES
     return be.ScoreResult(groups, Granularity.SEQUENCE, semantics, norm, label_token_ids=p.label_token_ids,
                           usage=be.TaskUsageData(input_tokens))
+
+
+def relevance_score_result(p: be.ScoreParams, values: Sequence[float], input_tokens: int) -> be.ScoreResult:
+    """``values`` holds one relevance value per candidate, groups flattened in request order."""
+    pairs = iter(values)
+    groups = [[be.CandidateScore(be.DenseTensor((1,), [float(next(pairs))])) for _ in g.candidates]
+              for g in p.groups]
+    return be.ScoreResult(groups, Granularity.SEQUENCE, ValueSemantics.RELEVANCE, ScoreNormalization.NONE,
+                          higher_is_better=True, usage=be.TaskUsageData(input_tokens))
