@@ -45,12 +45,16 @@ class LogprobSupport:
     supported: bool | None = None
     candidate_selection_modes: tuple[CandidateMode, ...] = ()
     max_top_n: int | None = None
+    # engine limit the contract has no field for; validation enforces it before acceptance
+    max_token_ids: int | None = field(default=None, metadata={"wire": False})
 
 
 @dataclass(frozen=True)
 class GuidedSupport:
     supported: bool | None = None
     modes: tuple[GuidedMode, ...] = ()
+    # the engine's grammar backend, set per engine: a request naming another is refused
+    backend: str | None = field(default=None, metadata={"wire": False})
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,9 @@ class GenerationSupport:
     supports_stop_in_output: bool | None = None
     supports_cache_salt: bool | None = None
     supports_prefix_cache_bypass: bool | None = None
+    # engine limits the contract has no field for; validation enforces them before acceptance
+    max_stop_strings: int | None = field(default=None, metadata={"wire": False})
+    seed_refusal: str | None = field(default=None, metadata={"wire": False})  # why a seed is not honoured
 
 
 @dataclass(frozen=True)

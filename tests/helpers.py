@@ -60,6 +60,19 @@ async def expect_status(call, code: grpc.StatusCode, *fragments: str) -> grpc.ai
     raise AssertionError(f"expected {code}, the call succeeded with {events}")
 
 
+async def outcome(call) -> tuple[grpc.StatusCode, grpc.aio.AioRpcError | None]:
+    """Await a unary call or drain a stream; its final status and, when not OK, the error."""
+    try:
+        if hasattr(call, "__aiter__"):
+            async for _ in call:
+                pass
+        else:
+            await call
+    except grpc.aio.AioRpcError as exc:
+        return exc.code(), exc
+    return grpc.StatusCode.OK, None
+
+
 async def read_rest(call) -> list:
     """The remaining responses of a stream already read with ``call.read()``."""
     out = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import grpc
-from helpers import collect, gen_request
+from helpers import collect, gen_request, outcome
 from pki import make_ca
 
 from openengine_adapters.errors import ERROR_TRAILER
@@ -26,18 +26,6 @@ def secure_flags(directory: Path) -> tuple[list[str], str]:
             "--api-key", CLIENT_KEY, "--admin-api-key", ADMIN_KEY], ca.cert
 
 
-async def status(call) -> tuple[grpc.StatusCode, grpc.aio.AioRpcError | None]:
-    try:
-        if hasattr(call, "__aiter__"):
-            async for _ in call:
-                pass
-        else:
-            await call
-    except grpc.aio.AioRpcError as exc:
-        return exc.code(), exc
-    return grpc.StatusCode.OK, None
-
-
 def trailer_error(exc: grpc.aio.AioRpcError) -> error_pb2.EngineError:
     raw = [v for k, v in exc.trailing_metadata() or () if k == ERROR_TRAILER]
     assert len(raw) == 1, f"no {ERROR_TRAILER} on {exc.code()}: {exc.details()}"
@@ -49,11 +37,11 @@ async def check_secured_sidecar(target: str, ca_file: str, model: str) -> None:
     is PERMISSION_DENIED on operator RPCs, which the admin key runs (Abort of all, then Drain)."""
     info = engine_pb2.GetEngineInfoRequest()
     async with grpc.aio.insecure_channel(target, options=FRESH) as plain:
-        code, _ = await status(openengine_pb2_grpc.OpenEngineStub(plain).GetEngineInfo(info, timeout=10))
+        code, _ = await outcome(openengine_pb2_grpc.OpenEngineStub(plain).GetEngineInfo(info, timeout=10))
         assert code == grpc.StatusCode.UNAVAILABLE, f"a plaintext client got {code}"
     for token in (None, "wrong", CLIENT_KEY + "x"):
         async with open_channel(target, ca_file=ca_file, token=token, options=FRESH) as channel:
-            code, exc = await status(openengine_pb2_grpc.OpenEngineStub(channel).GetEngineInfo(info, timeout=10))
+            code, exc = await outcome(openengine_pb2_grpc.OpenEngineStub(channel).GetEngineInfo(info, timeout=10))
             assert code == grpc.StatusCode.UNAUTHENTICATED, (token, code)
             assert trailer_error(exc).details["auth"] == "unauthenticated"
     request = gen_request("Hello", model=model, stopping=generation_pb2.StoppingOptions(max_tokens=3, ignore_eos=True))
@@ -67,7 +55,7 @@ async def check_secured_sidecar(target: str, ca_file: str, model: str) -> None:
             assert sum(len(r.token.tokens) for r in responses if r.HasField("token")) == 3
         for call in (stub.Abort(abort_all, timeout=10), V01Stub(channel).Abort(abort_all, timeout=10),
                      stub.Drain(drain, timeout=10)):
-            code, exc = await status(call)
+            code, exc = await outcome(call)
             assert code == grpc.StatusCode.PERMISSION_DENIED, code
             assert "admin API key" in trailer_error(exc).message
     async with open_channel(target, ca_file=ca_file, token=ADMIN_KEY, options=FRESH) as channel:

@@ -11,7 +11,7 @@ import pytest
 from fake_backend import FakeBackend
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from helpers import collect, fake_fails_to_start, gen_request, serve_backend, start_fake, stop_fake
+from helpers import collect, fake_fails_to_start, gen_request, outcome, serve_backend, start_fake, stop_fake
 
 from openengine_adapters.errors import ERROR_TRAILER
 from openengine_adapters.security.channel import open_channel
@@ -38,18 +38,6 @@ def raw_trailer(exc: grpc.aio.AioRpcError) -> bytes:
     return found[0]
 
 
-async def status_of(call) -> tuple[grpc.StatusCode, grpc.aio.AioRpcError | None]:
-    try:
-        if hasattr(call, "__aiter__"):
-            async for _ in call:
-                pass
-        else:
-            await call
-    except grpc.aio.AioRpcError as exc:
-        return exc.code(), exc
-    return grpc.StatusCode.OK, None
-
-
 def revision1_stub(target: str, token: str | None = None):
     channel = open_channel(target, token=token)
     return channel, openengine_pb2_grpc.OpenEngineStub(channel)
@@ -64,15 +52,15 @@ async def test_every_rpc_needs_a_configured_key_and_refusals_carry_each_surfaces
         for token in (None, "wrong", "key-one-"):
             channel, stub = revision1_stub(h.target, token)
             async with channel:
-                code, exc = await status_of(stub.Generate(gen_request("hi"), timeout=5))
+                code, exc = await outcome(stub.Generate(gen_request("hi"), timeout=5))
                 assert code == UNAUTHENTICATED, token
                 err = error_pb2.EngineError.FromString(raw_trailer(exc))
                 assert err.details["auth"] == "unauthenticated" and not err.retryable
-                code, exc = await status_of(stub.GetEngineInfo(engine_pb2.GetEngineInfoRequest(), timeout=5))
+                code, exc = await outcome(stub.GetEngineInfo(engine_pb2.GetEngineInfoRequest(), timeout=5))
                 assert code == UNAUTHENTICATED
             async with v01_channel(h.target, token) as channel:
                 generate = channel.unary_stream("/openengine.v1.Inference/Generate")
-                code, exc = await status_of(generate(b"\x0a\x02hi", timeout=5))
+                code, exc = await outcome(generate(b"\x0a\x02hi", timeout=5))
                 assert code == UNAUTHENTICATED
                 raw = raw_trailer(exc)
                 err = v01_error_pb2.EngineError.FromString(raw)
@@ -85,7 +73,7 @@ async def test_every_rpc_needs_a_configured_key_and_refusals_carry_each_surfaces
                 info = await V01Stub(channel).GetEngineInfo(engine_pb2.GetEngineInfoRequest(), timeout=5)
                 assert info.schema_revision == 1
         # a non-bearer scheme is no key
-        code, _ = await status_of(h.stub.GetEngineInfo(engine_pb2.GetEngineInfoRequest(),
+        code, _ = await outcome(h.stub.GetEngineInfo(engine_pb2.GetEngineInfoRequest(),
                                                        metadata=(("authorization", "Basic a2V5LW9uZQ=="),)))
         assert code == UNAUTHENTICATED
         # probes carry no credentials: grpc.health stays open; reflection does not
@@ -93,7 +81,7 @@ async def test_every_rpc_needs_a_configured_key_and_refusals_carry_each_surfaces
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
         reflect = reflection_pb2_grpc.ServerReflectionStub(h.channel).ServerReflectionInfo(
             iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
-        assert (await status_of(reflect))[0] == UNAUTHENTICATED
+        assert (await outcome(reflect))[0] == UNAUTHENTICATED
 
 
 async def test_admin_key_guards_operator_rpcs_on_both_surfaces(tmp_path):
@@ -107,19 +95,19 @@ async def test_admin_key_guards_operator_rpcs_on_both_surfaces(tmp_path):
             channel, stub = revision1_stub(h.target, token)
             async with channel:
                 for call in (stub.Abort(ALL), stub.Drain(drain), stub.LoadLora(load), stub.UnloadLora(unload)):
-                    code, exc = await status_of(call)
+                    code, exc = await outcome(call)
                     assert code == expected, (token, code)
                     err = error_pb2.EngineError.FromString(raw_trailer(exc))
                     assert err.message == exc.details() and err.details["auth"]
                     if token == "client":
                         assert "operator RPC" in err.message and "admin API key" in err.message
                 if token == "client":  # aborting one request stays a client action
-                    code, exc = await status_of(stub.Abort(lifecycle_pb2.AbortRequest(request_id="nope")))
+                    code, exc = await outcome(stub.Abort(lifecycle_pb2.AbortRequest(request_id="nope")))
                     assert code == grpc.StatusCode.NOT_FOUND
             async with v01_channel(h.target, token) as channel:
                 v01 = V01Stub(channel)
                 for call in (v01.Abort(ALL), v01.LoadLora(load), v01.UnloadLora(unload)):
-                    assert (await status_of(call))[0] == expected
+                    assert (await outcome(call))[0] == expected
         assert not h.fake.loras and h.service.lifecycle.accepting
         channel, stub = revision1_stub(h.target, "admin")
         async with channel:
@@ -134,7 +122,7 @@ async def test_admin_key_guards_operator_rpcs_on_both_surfaces(tmp_path):
 async def test_an_admin_key_alone_leaves_data_rpcs_open_and_guards_operator_rpcs():
     async with serve_backend(FakeBackend(), {"security": {"admin_api_keys": ["admin"]}}) as h:
         assert (await collect(h.stub, gen_request("hi")))[-1].HasField("finished")
-        code, exc = await status_of(h.stub.Abort(ALL))  # loopback, but an admin key exists: it is needed
+        code, exc = await outcome(h.stub.Abort(ALL))  # loopback, but an admin key exists: it is needed
         assert code == UNAUTHENTICATED and "admin API key" in exc.details()
         channel, stub = revision1_stub(h.target, "admin")
         async with channel:
@@ -156,7 +144,7 @@ async def test_key_file_and_environment_variable_and_start_up_report(tmp_path, m
                 await stub.GetEngineInfo(engine_pb2.GetEngineInfoRequest(), timeout=5)
         channel, stub = revision1_stub(f"127.0.0.1:{port}", "other")
         async with channel:
-            assert (await status_of(stub.GetEngineInfo(engine_pb2.GetEngineInfoRequest())))[0] == UNAUTHENTICATED
+            assert (await outcome(stub.GetEngineInfo(engine_pb2.GetEngineInfoRequest())))[0] == UNAUTHENTICATED
     finally:
         await stop_fake(proc)
     keys.write_text("# nothing but comments\n")  # an empty secret mount must not turn authentication off
@@ -168,7 +156,7 @@ async def test_no_reflection_turns_reflection_off():
         async with serve_backend(FakeBackend(), {"security": {"reflection": enabled}}) as h:
             call = reflection_pb2_grpc.ServerReflectionStub(h.channel).ServerReflectionInfo(
                 iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
-            code, _ = await status_of(call)
+            code, _ = await outcome(call)
             assert code == (grpc.StatusCode.OK if enabled else grpc.StatusCode.UNIMPLEMENTED)
 
 

@@ -11,7 +11,7 @@ import sys
 
 import grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from helpers import SERVE_FAKE, gen_request, start_fake, stop_fake
+from helpers import SERVE_FAKE, gen_request, outcome, start_fake, stop_fake
 from pki import make_ca
 
 from openengine_adapters.errors import ERROR_TRAILER
@@ -44,18 +44,6 @@ def test_serve_fake_declares_every_launcher_option():
     assert not missing, f"serve_fake lacks launcher options: {missing}"
 
 
-async def code_of(call) -> tuple[grpc.StatusCode, grpc.aio.AioRpcError | None]:
-    try:
-        if hasattr(call, "__aiter__"):
-            async for _ in call:
-                pass
-        else:
-            await call
-    except grpc.aio.AioRpcError as exc:
-        return exc.code(), exc
-    return grpc.StatusCode.OK, None
-
-
 async def test_serve_fake_with_tls_keys_no_reflection_a_lora_root_and_limits(tmp_path):
     ca = make_ca(tmp_path / "pki", "ca")
     server = ca.issue(tmp_path / "pki", "server", hosts=("127.0.0.1",))
@@ -72,7 +60,7 @@ async def test_serve_fake_with_tls_keys_no_reflection_a_lora_root_and_limits(tmp
                      f"LoRA adapter directories: under {root}"):
             assert line in report, report
         async with grpc.aio.insecure_channel(target) as plain:
-            code, _ = await code_of(openengine_pb2_grpc.OpenEngineStub(plain).GetEngineInfo(
+            code, _ = await outcome(openengine_pb2_grpc.OpenEngineStub(plain).GetEngineInfo(
                 engine_pb2.GetEngineInfoRequest(), timeout=5))
             assert code == grpc.StatusCode.UNAVAILABLE
         async with open_channel(target, ca_file=ca.cert, token="client") as channel:
@@ -81,23 +69,23 @@ async def test_serve_fake_with_tls_keys_no_reflection_a_lora_root_and_limits(tmp
             assert load.instance_id == "fake-7"
             reflect = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
                 iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
-            assert (await code_of(reflect))[0] == grpc.StatusCode.UNIMPLEMENTED
+            assert (await outcome(reflect))[0] == grpc.StatusCode.UNIMPLEMENTED
             # --max-in-flight 1: a second stream is refused while the first runs
             first = stub.Generate(gen_request("hi", metadata={"fake.step_delay_ms": "50"},
                                               stopping=generation_pb2.StoppingOptions(max_tokens=100)))
             assert (await first.read()).HasField("token")
-            code, exc = await code_of(stub.Generate(gen_request("hi"), timeout=5))
+            code, exc = await outcome(stub.Generate(gen_request("hi"), timeout=5))
             assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
             first.cancel()
             # --max-subscriptions 1
             sub = stub.SubscribeRuntimeEvents(observability_pb2.SubscribeRuntimeEventsRequest())
             await asyncio.sleep(0.2)
-            code, exc = await code_of(stub.SubscribeRuntimeEvents(observability_pb2.SubscribeRuntimeEventsRequest(),
+            code, exc = await outcome(stub.SubscribeRuntimeEvents(observability_pb2.SubscribeRuntimeEventsRequest(),
                                                                   timeout=5))
             assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, code
             sub.cancel()
             # the client key is no operator's
-            code, exc = await code_of(stub.Abort(lifecycle_pb2.AbortRequest(all_requests=lifecycle_pb2.AllRequests())))
+            code, exc = await outcome(stub.Abort(lifecycle_pb2.AbortRequest(all_requests=lifecycle_pb2.AllRequests())))
             assert code == grpc.StatusCode.PERMISSION_DENIED
             err = error_pb2.EngineError.FromString(dict(exc.trailing_metadata())[ERROR_TRAILER])
             assert err.details["auth"]
@@ -105,7 +93,7 @@ async def test_serve_fake_with_tls_keys_no_reflection_a_lora_root_and_limits(tmp
             stub = openengine_pb2_grpc.OpenEngineStub(channel)
             outside = lora_pb2.LoadLoraRequest(adapter=lora_pb2.LoraAdapter(lora_id=1, lora_name="a",
                                                                             source_path=str(tmp_path)))
-            code, exc = await code_of(stub.LoadLora(outside))
+            code, exc = await outcome(stub.LoadLora(outside))
             assert code == grpc.StatusCode.INVALID_ARGUMENT, code
             assert "is not an adapter directory under this server's LoRA root (--lora-root)" in exc.details()
             aborted = await stub.Abort(lifecycle_pb2.AbortRequest(all_requests=lifecycle_pb2.AllRequests()))

@@ -31,9 +31,10 @@ def label_score_support(*, priority: bool = False, lora: bool = False,
         supports_lora=lora, max_label_token_ids=max_label_token_ids, native_scoring=False)
 
 
-def guided_support(modes: tuple[GuidedMode, ...] | None) -> be.GuidedSupport:
-    """The guided modes an engine's grammar backend builds; ``None``: no grammar backend."""
-    return be.GuidedSupport(True, modes) if modes else be.GuidedSupport(False)
+def guided_support(modes: tuple[GuidedMode, ...] | None, backend: str | None = None) -> be.GuidedSupport:
+    """The guided modes an engine's grammar backend (``backend``, named per engine) builds;
+    ``None``: no grammar backend."""
+    return be.GuidedSupport(True, modes, backend) if modes else be.GuidedSupport(False)
 
 
 def features(card: be.ModelCard, *, generate: bool, runtime_events: bool, kv_events: bool = False,

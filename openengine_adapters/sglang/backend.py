@@ -33,7 +33,6 @@ from openengine_adapters.errors import (
     invalid,
     not_found,
     rejected,
-    unsupported,
 )
 from openengine_adapters.sglang import pooling, translate
 from openengine_adapters.sglang.card import SglangCard, server_arg
@@ -276,15 +275,6 @@ class SglangBackend(SglangCard, SglangLora, SglangTasks, be.EngineBackend):
     # ------------------------------------------------------------------ generation
 
     async def validate_generate(self, params: be.GenerateParams) -> None:
-        if params.sampling.seed is not None and not self.deterministic:
-            raise unsupported("sampling.seed: SGLang honours a per-request seed only with "
-                              "--enable-deterministic-inference, which this engine runs without")
-        g = params.guided
-        if g is not None and g.backend and g.backend != self.grammar_backend:
-            raise invalid(f"guided.backend: {g.backend!r} differs from SGLang's grammar backend "
-                          f"{self.grammar_backend!r} (set per engine, not per request)")
-        if len(params.stopping.stop_texts) > translate.MAX_STOP_STRINGS:
-            raise invalid(f"stopping.conditions: at most {translate.MAX_STOP_STRINGS} stop strings")
         if params.priority is not None and self.low_first:
             raise invalid("priority: SGLang runs with --schedule-low-priority-values-first, the opposite of "
                           "OpenEngine's ordering")

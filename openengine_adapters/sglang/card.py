@@ -9,6 +9,7 @@ from typing import Any
 
 from openengine_adapters import backend as be
 from openengine_adapters.engine_kit import card
+from openengine_adapters.sglang import translate
 from openengine_adapters.types import (
     CandidateMode,
     EmbeddingEncoding,
@@ -39,12 +40,17 @@ class SglangCard:
             gen = be.GenerationSupport(
                 prompt_logprobs=be.LogprobSupport(True, (CandidateMode.TOP_N,), top),
                 output_logprobs=be.LogprobSupport(True, (CandidateMode.TOP_N, CandidateMode.TOKEN_IDS), top),
-                guided_decoding=card.guided_support(card.ALL_GUIDED if self.grammar_backend != "none" else None),
+                guided_decoding=card.guided_support(card.ALL_GUIDED if self.grammar_backend != "none" else None,
+                                                    self.grammar_backend),
                 max_num_sequences=1 if prefill else self.options.max_num_sequences,
                 supports_priority=self.priority_on,
                 supports_stop_in_output=True,
                 supports_cache_salt=self.radix,
                 supports_prefix_cache_bypass=False,  # SGLang has no per-request switch
+                max_stop_strings=translate.MAX_STOP_STRINGS,
+                seed_refusal=None if self.deterministic else (
+                    "SGLang honours a per-request seed only with --enable-deterministic-inference, which this "
+                    "engine runs without"),
             )
         tasks = None
         if self.is_generation and self.role == EngineRole.AGGREGATED:

@@ -223,10 +223,6 @@ class TrtllmBackend(TrtllmCard, EngineQueuePolling, LazyLoraRegistry, TrtllmTask
             if value is not None and value not in neutral:
                 raise invalid(f"sampling.{name}: TensorRT-LLM's TorchSampler (sampler_type {self.sampler}) ignores "
                               "it; serve with sampler_type: TRTLLMSampler to use it")
-        g = params.guided
-        if g is not None and g.backend and g.backend != self.guided_backend:
-            raise invalid(f"guided.backend: {g.backend!r} differs from the engine's guided decoding backend "
-                          f"{self.guided_backend!r} (set per engine, not per request)")
         if self.role == EngineRole.DECODE and params.kv_session is not None:
             translate.decode_disaggregated(params.kv_session, self._disagg_fields())
             check_seal(params.kv_session.attributes, params.prompt, params.token_ids)

@@ -59,7 +59,7 @@ class TrtllmCard:
         n_max = self.options.max_num_sequences or self.max_batch_size or 8
         gen = be.GenerationSupport(
             prompt_logprobs=top, output_logprobs=top,
-            guided_decoding=card.guided_support(GUIDED_BY_BACKEND.get(self.guided_backend)),
+            guided_decoding=card.guided_support(GUIDED_BY_BACKEND.get(self.guided_backend), self.guided_backend),
             max_num_sequences=n_max,
             supports_priority=False, supports_stop_in_output=True,
             supports_cache_salt=self.block_reuse and "cache_salt" in self._accepts,

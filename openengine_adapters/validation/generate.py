@@ -163,6 +163,8 @@ def _parse_sampling(req, gen: GenerationSupport) -> Sampling:
             raise invalid("sampling.top_k: must be -1 or 0 (disabled) or a positive count")
         opt["top_k"] = s.top_k
     if s.HasField("seed"):
+        if gen.seed_refusal:
+            raise unsupported(f"sampling.seed: {gen.seed_refusal}")
         opt["seed"] = s.seed
     n = 1
     if s.HasField("num_sequences"):
@@ -201,6 +203,9 @@ def _parse_stopping(req, card: ModelCard, gen: GenerationSupport) -> Stopping:
             texts.append(cond.stop_text)
         else:
             ids.append(cond.stop_token_id)
+    distinct = len(dict.fromkeys(texts))
+    if gen.max_stop_strings is not None and distinct > gen.max_stop_strings:
+        raise invalid(f"stopping.conditions: at most {gen.max_stop_strings} stop strings")
     if s.HasField("ignore_eos"):
         ignore_eos = s.ignore_eos
     if s.HasField("include_stop_in_output"):
@@ -233,6 +238,8 @@ def _candidates(sel, support: LogprobSupport, field: str) -> CandidateSelection:
         ids = tuple(sel.token_ids.ids)
         check_token_ids(ids, f"{field}.token_ids.ids")
         check_unique(ids, f"{field}.token_ids.ids")
+        if support.max_token_ids is not None and len(ids) > support.max_token_ids:
+            raise invalid(f"{field}.token_ids: at most {support.max_token_ids} ids")
         return CandidateSelection(mode, token_ids=ids)
     return CandidateSelection(mode)
 
@@ -278,6 +285,9 @@ def _parse_guided(g, gen: GenerationSupport) -> Guided:
     support = gen.guided_decoding
     if support is None or not support.supported or mode not in support.modes:
         raise unsupported(f"guided.{which}: guided decoding mode {mode.name} is not advertised")
+    if g.backend and support.backend is not None and g.backend != support.backend:
+        raise invalid(f"guided.backend: {g.backend!r} differs from the engine's grammar backend "
+                      f"{support.backend!r} (set per engine, not per request)")
     if mode == GuidedMode.CHOICE:
         choices = tuple(g.choice.choices)
         if not choices:

@@ -20,7 +20,6 @@ from openengine_adapters.engine_kit.sessions import SessionTable
 from openengine_adapters.errors import EngineFailure, RequestRejected, engine_refused, invalid, not_found
 from openengine_adapters.guided import guide_kwargs
 from openengine_adapters.types import (
-    CandidateMode,
     EngineRole,
     ErrorCode,
     HealthState,
@@ -211,20 +210,9 @@ class VllmBackend(VllmCard, VllmTasks, be.EngineBackend):
     # ------------------------------------------------------------------ generation
 
     async def validate_generate(self, params: be.GenerateParams) -> None:
-        g = params.guided
-        if g is not None and g.backend:
-            engine_backend = self.config.structured_outputs_config.backend
-            if g.backend != engine_backend:
-                raise invalid(f"guided.backend: {g.backend!r} differs from the engine's structured-output "
-                              f"backend {engine_backend!r} (set per engine, not per request)")
         for i, m in enumerate(params.media):
             if m.modality != Modality.IMAGE:
                 raise invalid(f"media[{i}].modality: only images are supported by the vLLM adapter")
-        if params.logprobs.output_candidates is not None:
-            sel = params.logprobs.output_candidates
-            if sel.mode == CandidateMode.TOKEN_IDS and len(sel.token_ids) > translate.MAX_LOGPROB_TOKEN_IDS:
-                raise invalid(f"response.output_candidates.token_ids: at most "
-                              f"{translate.MAX_LOGPROB_TOKEN_IDS} ids")
 
     def _sampling_params(self, params: be.GenerateParams, kv_transfer_params: dict | None = None):
         from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams

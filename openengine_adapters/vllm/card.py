@@ -32,7 +32,8 @@ class VllmCard:
             modes.append(CandidateMode.TOKEN_IDS)
         if self.max_logprobs == -1:
             modes.append(CandidateMode.ALL)
-        return be.LogprobSupport(True, tuple(modes), self.max_logprobs if self.max_logprobs > 0 else None)
+        return be.LogprobSupport(True, tuple(modes), self.max_logprobs if self.max_logprobs > 0 else None,
+                                 translate.MAX_LOGPROB_TOKEN_IDS if explicit_ids else None)
 
     def _build_card(self) -> be.ModelCard:
         mc, sc, cc = self.model_config, self.config.scheduler_config, self.config.cache_config
@@ -43,7 +44,7 @@ class VllmCard:
             gen = be.GenerationSupport(
                 prompt_logprobs=self._logprob_support(explicit_ids=False),
                 output_logprobs=self._logprob_support(explicit_ids=True),
-                guided_decoding=card.guided_support(card.ALL_GUIDED),
+                guided_decoding=card.guided_support(card.ALL_GUIDED, self.config.structured_outputs_config.backend),
                 max_num_sequences=sc.max_num_seqs,
                 supports_priority=sc.policy == "priority",
                 supports_stop_in_output=True,

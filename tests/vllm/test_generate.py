@@ -247,6 +247,15 @@ async def test_engine_side_validation_is_invalid_argument(vllm):
     ]
     for req in cases:
         await expect_status(vllm.stub.Generate(req), grpc.StatusCode.INVALID_ARGUMENT)
+    # engine limits the card holds, refused by the shared validation before acceptance
+    other = g.GenerateRequest(prompt=PROMPT, guided=g.GuidedDecoding(regex="[ab]+", backend="outlines"))
+    await expect_status(vllm.stub.Generate(other), grpc.StatusCode.INVALID_ARGUMENT,
+                        "guided.backend: 'outlines' differs from the engine's grammar backend 'xgrammar'")
+    many = g.GenerateRequest(prompt=PROMPT, response=g.ResponseOptions(
+        return_output_logprobs=True,
+        output_candidates=g.CandidateTokenSelection(token_ids=input_pb2.TokenIds(ids=list(range(129))))))
+    await expect_status(vllm.stub.Generate(many), grpc.StatusCode.INVALID_ARGUMENT,
+                        "response.output_candidates.token_ids: at most 128 ids")
     assert len(vllm.service.registry) == 0
 
 
