@@ -27,7 +27,7 @@ from typing import Any
 
 import grpc
 
-from openengine_adapters import discovery, schema
+from openengine_adapters import schema
 from openengine_adapters.backend import EngineBackend, GenerateParams, LoadSnapshot, LoraAdapterInfo
 from openengine_adapters.core.admission import Admission
 from openengine_adapters.core.catalog import ModelCatalog
@@ -47,6 +47,10 @@ from openengine_adapters.errors import (
     refusal,
     rejected,
 )
+from openengine_adapters.messages import engine as engine_messages
+from openengine_adapters.messages import kv as kv_messages
+from openengine_adapters.messages import model as model_messages
+from openengine_adapters.messages import observability as observability_messages
 from openengine_adapters.security.policy import lora_load_refusal
 from openengine_adapters.task_results import classify_response, embed_response, score_response
 from openengine_adapters.types import EngineRole, ErrorCode, Feature, RuntimeEventType
@@ -177,7 +181,7 @@ class EngineService:
         discovery rules (no UNSPECIFIED in lists, limits > 0): a bad card stops start-up."""
         features = self.backend.features
         for card in self.catalog.cards:
-            problems = discovery.card_problems(card)
+            problems = model_messages.card_problems(card)
             if problems:
                 raise ValueError(f"model card {card.model_id!r} breaks the contract: {'; '.join(problems)}")
             tasks = card.tasks
@@ -432,7 +436,7 @@ class EngineService:
 
     @_unary
     async def GetEngineInfo(self, request, context):
-        return discovery.engine_info(
+        return engine_messages.engine_info(
             self.identity, self.instance_id, self.catalog.supported_models,
             self.backend.kv_connector(), schema.SCHEMA_REVISION, schema.MINIMUM_CLIENT_REVISION,
             schema.SCHEMA_RELEASE)
@@ -440,7 +444,7 @@ class EngineService:
     @_unary
     async def GetModelInfo(self, request: model_pb2.GetModelInfoRequest, context):
         card = self.catalog.resolve(request.model, required=True)
-        return discovery.model_info(card, self.identity.role)
+        return model_messages.model_info(card, self.identity.role)
 
     async def load_snapshot(self, include_per_rank: bool) -> LoadSnapshot:
         """The engine's load, always timestamped, with per-rank rows only when asked for."""
@@ -460,7 +464,7 @@ class EngineService:
 
     @_unary
     async def GetLoad(self, request: observability_pb2.GetLoadRequest, context):
-        return discovery.load_info(await self.load_snapshot(request.include_per_rank), self.instance_id)
+        return observability_messages.load_info(await self.load_snapshot(request.include_per_rank), self.instance_id)
 
     # ------------------------------------------------------------------ health, abort, drain
 
@@ -637,7 +641,7 @@ class EngineService:
 
     @_unary
     async def GetKvConnectorInfo(self, request, context):
-        return discovery.kv_connector_info(self.backend.kv_connector())
+        return kv_messages.kv_connector_info(self.backend.kv_connector())
 
     @_unary
     async def GetKvEventSources(self, request: kv_pb2.GetKvEventSourcesRequest, context):
@@ -648,7 +652,7 @@ class EngineService:
             if ranks and src.data_parallel_rank is not None and src.data_parallel_rank not in ranks:
                 continue
             msg = resp.sources.add()
-            msg.CopyFrom(discovery.kv_event_source(src))
+            msg.CopyFrom(kv_messages.kv_event_source(src))
             if msg.endpoint_addr.host in WILDCARD_HOSTS:
                 msg.endpoint_addr.host = self.options.advertise_host
             msg.replay_endpoint = routable_url(msg.replay_endpoint, self.options.advertise_host)
@@ -716,7 +720,7 @@ class EngineService:
             request, context, Feature.KV_EVENTS, "SubscribeKvEvents",
             lambda: self.backend.kv_events(list(request.data_parallel_ranks),
                                            request.include_snapshot, request.start_sequence_number),
-            lambda batch: kv_pb2.SubscribeKvEventsResponse(batch=discovery.kv_event_batch(batch)),
+            lambda batch: kv_pb2.SubscribeKvEventsResponse(batch=kv_messages.kv_event_batch(batch)),
             kv_pb2.SubscribeKvEventsResponse)
         async for response in stream:
             yield response
@@ -734,7 +738,7 @@ class EngineService:
         stream = self._event_stream(
             request, context, Feature.RUNTIME_EVENTS, "SubscribeRuntimeEvents", open_stream,
             lambda ev: observability_pb2.SubscribeRuntimeEventsResponse(
-                runtime_event=discovery.runtime_event(ev)),
+                runtime_event=observability_messages.runtime_event(ev)),
             observability_pb2.SubscribeRuntimeEventsResponse)
         async for response in stream:
             yield response

@@ -15,8 +15,8 @@ from __future__ import annotations
 from google.protobuf import json_format
 
 from openengine_adapters import backend as be
-from openengine_adapters.discovery import kv_session_ref
 from openengine_adapters.errors import EngineFailure
+from openengine_adapters.messages.kv import kv_session_ref
 from openengine_adapters.types import ErrorCode, FinishReason
 from openengine_adapters.v1 import error_pb2, generation_pb2
 

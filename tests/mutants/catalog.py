@@ -697,13 +697,13 @@ def _():
 
 @mutant("lifecycle.load_instance_id_differs", "LoadInfo.instance_id is the EngineInfo instance_id")
 def _():
-    from openengine_adapters import discovery
+    from openengine_adapters.messages import observability
 
-    original = discovery.load_info
+    original = observability.load_info
 
     def load_info(snapshot, instance_id):
         return original(snapshot, instance_id + "-other")
-    discovery.load_info = load_info
+    observability.load_info = load_info
 
 
 @mutant("drain.tasks_accepted_after_drain", "after Drain(stop_accepting_new_requests) Embed/Classify/Score are "
@@ -848,28 +848,28 @@ def _():
 
 @mutant("model_info.unspecified_in_list", "capability lists never contain UNSPECIFIED")
 def _():
-    from openengine_adapters import discovery
+    from openengine_adapters.messages import model
 
-    original = discovery.model_info
+    original = model.model_info
 
     def model_info(card, role=None):
         msg = original(card, role) if role is not None else original(card)
         msg.generation.guided_decoding.modes.append(0)
         return msg
-    discovery.model_info = model_info
+    model.model_info = model_info
 
 
 @mutant("model_info.false_capabilities_omitted", "discovery scalars use presence: an explicit false is "
         "reported, not left out", smoke="generate.media_unadvertised")
 def _():
-    from openengine_adapters import discovery
+    from openengine_adapters.messages import presence
 
-    original = discovery.fill
+    original = presence.fill
 
     def fill(msg, obj, skip=frozenset()):
         falses = frozenset(f.name for f in dataclasses.fields(obj) if getattr(obj, f.name) is False)
         return original(msg, obj, skip | falses)
-    discovery.fill = fill
+    presence.fill = fill
 
 
 @mutant("model_info.unknown_model_found", "GetModelInfo of an unknown model returns NOT_FOUND")
@@ -887,15 +887,15 @@ def _():
 
 @mutant("model_info.limit_zero", "reported limits are greater than zero")
 def _():
-    from openengine_adapters import discovery
+    from openengine_adapters.messages import model
 
-    original = discovery.model_info
+    original = model.model_info
 
     def model_info(card, role=None):
         msg = original(card, role) if role is not None else original(card)
         msg.max_batched_tokens = 0
         return msg
-    discovery.model_info = model_info
+    model.model_info = model_info
 
 
 # ============================================================================= tasks

@@ -18,9 +18,10 @@ import importlib.metadata
 
 import grpc
 
-from openengine_adapters import discovery, schema
+from openengine_adapters import schema
 from openengine_adapters.core.service import EngineService, _unary, reject
 from openengine_adapters.errors import ERROR_TRAILER, RequestRejected, invalid, unsupported
+from openengine_adapters.messages import model as model_messages
 from openengine_adapters.v0_1 import (
     generation_pb2,
     kv_pb2,
@@ -142,7 +143,7 @@ class ControlServicer:
                      if getattr(card.tasks, name) is not None and getattr(card.tasks, name).supported]
             if tasks and "openengine.v1.OpenEngine" in self.served_services:
                 extra["revision1_tasks"] = tasks  # Embed/Classify/Score are served on revision 1
-        return translate.model_info(discovery.model_info(card, core.identity.role), extra)
+        return translate.model_info(model_messages.model_info(card, core.identity.role), extra)
 
     @_unary_call
     async def GetLoad(self, request, context):

@@ -27,8 +27,9 @@ from typing import Any
 from google.protobuf import json_format
 
 from openengine_adapters import backend as be
-from openengine_adapters import discovery
 from openengine_adapters.errors import invalid
+from openengine_adapters.messages import presence
+from openengine_adapters.messages.observability import attribute_text
 from openengine_adapters.types import ErrorCode, HealthState
 from openengine_adapters.v0_1 import error_pb2, generation_pb2, kv_pb2, lifecycle_pb2, lora_pb2, model_pb2, server_pb2
 from openengine_adapters.v1 import engine_pb2
@@ -191,7 +192,7 @@ def model_info(info: rev1_model_pb2.ModelInfo, extra: Mapping[str, Any]) -> mode
 
 
 def load_info(snapshot: be.LoadSnapshot, instance_id: str) -> server_pb2.LoadInfo:
-    out = discovery.fill(server_pb2.LoadInfo(), snapshot, frozenset({"attributes"}))
+    out = presence.fill(server_pb2.LoadInfo(), snapshot, frozenset({"attributes"}))
     out.instance_id = instance_id
     _struct(out.attributes, snapshot.attributes)
     return out
@@ -275,8 +276,8 @@ def revision1_model_info(mi: model_pb2.ModelInfo, capacity: server_pb2.Deploymen
 
 def revision1_load_info(load: server_pb2.LoadInfo) -> rev1_observability_pb2.LoadInfo:
     out = recast(load, rev1_observability_pb2.LoadInfo, ("attributes",))
-    values = discovery.struct_dict(load.attributes)
-    out.attributes.update({k: discovery.attribute_text(int(v) if isinstance(v, float) and v.is_integer() else v)
+    values = json_format.MessageToDict(load.attributes)
+    out.attributes.update({k: attribute_text(int(v) if isinstance(v, float) and v.is_integer() else v)
                            for k, v in values.items()})
     return out
 
