@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
-from helpers import expect_status, gen_request, rejection
+from helpers import eventually, expect_status, gen_request, rejection
 
 from openengine_adapters import backend as be
 from openengine_adapters import schema
@@ -458,15 +458,6 @@ async def _grpc_health(channel, service: str) -> int:
     return resp.status
 
 
-async def _eventually(channel, service: str, want: int, timeout: float = 2.0) -> int:
-    deadline = time.monotonic() + timeout
-    status = await _grpc_health(channel, service)
-    while status != want and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
-        status = await _grpc_health(channel, service)
-    return status
-
-
 async def test_grpc_health_serving_when_ready(oe):
     for service in ("", SERVICE):
         assert await _grpc_health(oe.channel, service) == health_pb2.HealthCheckResponse.SERVING
@@ -488,8 +479,9 @@ async def test_drain_flips_health_and_refuses_work(oe):
     assert events[0].state == lifecycle_pb2.DRAIN_STATE_STARTED
     assert events[-1].state == lifecycle_pb2.DRAIN_STATE_COMPLETE
     for service in ("", SERVICE):
-        status = await _eventually(oe.channel, service, health_pb2.HealthCheckResponse.NOT_SERVING)
-        assert status == health_pb2.HealthCheckResponse.NOT_SERVING, service
+        async def not_serving(service=service):
+            return await _grpc_health(oe.channel, service) == health_pb2.HealthCheckResponse.NOT_SERVING
+        await eventually(not_serving, timeout=2, message=f"{service!r} still serving after the drain")
     resp = await oe.stub.Health(lifecycle_pb2.HealthRequest())
     assert resp.state == lifecycle_pb2.HEALTH_STATE_DRAINING
     drain = [c for c in resp.checks if c.name == "drain"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import grpc
-from helpers import collect, expect_status, gen_request, read_rest
+from helpers import collect, eventually, expect_status, gen_request, read_rest
 
 from openengine_adapters.errors import EngineFailure
 from openengine_adapters.event_hub import EventHub
@@ -20,11 +20,7 @@ async def next_event(call, timeout=5.0):
 
 
 async def wait_subscribers(hub: EventHub, n: int):
-    for _ in range(500):
-        if hub.subscriber_count >= n:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("subscriber did not attach")
+    await eventually(lambda: hub.subscriber_count >= n, timeout=5, message="subscriber did not attach")
 
 
 async def test_runtime_events_filtered_by_type(oe):

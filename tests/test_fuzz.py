@@ -25,7 +25,7 @@ import time
 import grpc
 from fuzz_inputs import FuzzInput, InputMaker, Method, methods
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from helpers import free_port, gen_request, start_fake
+from helpers import eventually, free_port, gen_request, start_fake
 
 from openengine_adapters.errors import ERROR_TRAILER
 from openengine_adapters.v1 import generation_pb2, lifecycle_pb2, observability_pb2, openengine_pb2_grpc
@@ -178,11 +178,10 @@ async def running_requests(stub, md) -> int:
     return load.running_requests
 
 
-async def settle_idle(stub, md, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while (n := await running_requests(stub, md)) != 0:
-        assert time.monotonic() < end, f"{n} engine requests still running after the fuzz"
-        await asyncio.sleep(0.05)
+async def settle_idle(stub, md) -> None:
+    async def idle():
+        return await running_requests(stub, md) == 0
+    await eventually(idle, timeout=10, interval=0.05, message="engine requests still running after the fuzz")
 
 
 async def assert_healthy_and_idle(target: str) -> None:

@@ -21,7 +21,7 @@ import msgpack
 import pytest
 import zmq
 from fake_backend import FakeBackend
-from helpers import read_rest
+from helpers import eventually, read_rest
 
 from openengine_adapters import backend as be
 from openengine_adapters.errors import EngineFailure, RequestRejected
@@ -217,10 +217,8 @@ class Rig:
         return seq
 
     async def settle(self, seq: int, rank: int = 0, timeout: float = 5.0):
-        deadline = time.monotonic() + timeout
-        while self.bridge.last_sequence_number(rank) < seq:
-            assert time.monotonic() < deadline, f"bridge stuck at {self.bridge.last_sequence_number(rank)}"
-            await asyncio.sleep(0.005)
+        await eventually(lambda: self.bridge.last_sequence_number(rank) >= seq, timeout=timeout, interval=0.005,
+                         message=f"bridge stuck before sequence {seq} on rank {rank}")
 
 
 async def make_rig(ipc_dir, *, replay=True, buffer_steps=100, **bridge_kw) -> Rig:
@@ -492,11 +490,7 @@ async def test_grpc_two_subscribers_one_stalled(rig_factory):
     try:
         fast = OpenEngineStub(fast_channel).SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest())
         slow = OpenEngineStub(slow_channel).SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest())
-        for _ in range(500):
-            if rig.bridge.hub.subscriber_count == 2:
-                break
-            await asyncio.sleep(0.01)
-        assert rig.bridge.hub.subscriber_count == 2
+        await eventually(lambda: rig.bridge.hub.subscriber_count == 2, timeout=5)
         n, received = 60, []
 
         async def read_fast():
@@ -544,9 +538,7 @@ async def test_two_ranks_filtered_and_replayed_per_rank(ipc_dir):
             pubs[1].publish(workload(i))
         got = await pending
         assert [(b.data_parallel_rank, b.sequence_number) for b in got] == [(1, 0), (1, 1), (1, 2)]
-        for r in (0, 1):
-            while bridge.last_sequence_number(r) < 2:
-                await asyncio.sleep(0.005)
+        await eventually(lambda: all(bridge.last_sequence_number(r) >= 2 for r in (0, 1)), interval=0.005)
         both = bridge.subscribe([], False, 1)
         got = await take(both, 4)
         assert [(b.data_parallel_rank, b.sequence_number) for b in got] == [(0, 1), (0, 2), (1, 1), (1, 2)]

@@ -7,7 +7,7 @@ import asyncio
 import grpc
 import pytest
 from fake_backend import FakeBackend
-from helpers import collect, expect_status, gen_request, read_rest, rejection
+from helpers import collect, eventually, expect_status, gen_request, read_rest, rejection
 
 from openengine_adapters import backend as be
 from openengine_adapters.errors import EngineFailure
@@ -22,13 +22,6 @@ SLOW_STORM = {"fake.step_delay_ms": "500"}  # 1,000 streams at 2 tokens/s each: 
 
 def slow(rid: str, max_tokens: int = 200) -> g.GenerateRequest:
     return gen_request("hi", request_id=rid, metadata=SLOW, stopping=g.StoppingOptions(max_tokens=max_tokens))
-
-
-async def settle(predicate, timeout: float = 5.0) -> None:
-    end = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < end, "condition not reached"
-        await asyncio.sleep(0.01)
 
 
 def idle(h) -> bool:
@@ -80,7 +73,7 @@ async def test_abort_during_acceptance_leaks_nothing(serve):
         except grpc.aio.AioRpcError:
             pass
         await abort
-        await settle(lambda: idle(h))
+        await eventually(lambda: idle(h))
         await collect(h.stub, slow("leak1", 2))  # the id is free again
 
 
@@ -106,7 +99,7 @@ async def test_task_aborted_by_drain_is_retryable(oe):
         context=tasks_pb2.TaskRequestContext(request_id="t1", model="tiny", metadata={"fake.step_delay_ms": "3000"}),
         inputs=[tasks_pb2.TaskInput(item_id="x", text="abc")])
     call = oe.stub.Embed(req)
-    await settle(lambda: oe.service.registry.get("t1") is not None)
+    await eventually(lambda: oe.service.registry.get("t1") is not None)
     [e async for e in oe.stub.Drain(lifecycle_pb2.DrainRequest(stop_accepting_new_requests=True, deadline_ms=0,
                                                                abort_after_deadline=True))]
     exc = await expect_status(call, grpc.StatusCode.UNAVAILABLE)
@@ -172,7 +165,7 @@ async def test_a_hanging_engine_abort_does_not_hold_the_request_forever(oe, monk
     call = oe.stub.Generate(slow("hang1"))
     await call.read()
     call.cancel()
-    await settle(lambda: idle(oe), timeout=3)
+    await eventually(lambda: idle(oe), timeout=3)
 
 
 STORM = 1000
@@ -226,7 +219,7 @@ async def test_a_1000_stream_cancellation_storm_leaves_nothing_running_and_frees
         try:
             await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(STORM))), 120)
             assert min(ends.values()) > STORM // 8, ends
-            await settle(lambda: idle(h) and not h.fake.running, timeout=20)
+            await eventually(lambda: idle(h) and not h.fake.running, timeout=20)
             for stub in stubs[:1]:
                 load = await stub.GetLoad(observability_pb2.GetLoadRequest())
                 assert load.running_requests == 0, load
@@ -237,7 +230,7 @@ async def test_a_1000_stream_cancellation_storm_leaves_nothing_running_and_frees
             await expect_status(start(2 * STORM), grpc.StatusCode.RESOURCE_EXHAUSTED)
             for call in again:
                 call.cancel()
-            await settle(lambda: idle(h) and not h.fake.running, timeout=20)
+            await eventually(lambda: idle(h) and not h.fake.running, timeout=20)
             assert (await collect(stubs[0], gen_request("after the storm")))[-1].HasField("finished")
         finally:
             for c in channels:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import grpc
-from helpers import expect_status, rejection
+from helpers import eventually, expect_status, rejection
 from test_event_hub import wait_subscribers
 
 from openengine_adapters.errors import RETRY_AFTER_TRAILER
@@ -15,11 +13,7 @@ from openengine_adapters.wire.v0_1.stub import V01Stub
 
 
 async def wait_count(service, n: int) -> None:
-    for _ in range(500):
-        if service.subscriptions == n:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{service.subscriptions} subscriptions open, expected {n}")
+    await eventually(lambda: service.subscriptions == n, timeout=5, message=f"expected {n} subscriptions open")
 
 
 async def test_subscriptions_beyond_the_limit_are_resource_exhausted_with_a_retry_hint(serve):

@@ -14,7 +14,7 @@ from itertools import pairwise
 import grpc
 import pytest
 from fake_backend import EMBED_DIM, LABELS, FakeBackend, default_card, tokenize
-from helpers import expect_status, rejection, serve_backend
+from helpers import eventually, expect_status, rejection, serve_backend
 
 from openengine_adapters import backend as be
 from openengine_adapters.errors import EngineFailure
@@ -408,10 +408,7 @@ async def test_rejected_request_does_not_hold_its_id(oe):
 async def test_duplicate_in_flight_request_id(oe):
     slow = ctx(rid="dup", metadata={"fake.step_delay_ms": "300"})
     first = asyncio.ensure_future(oe.stub.Embed(embed_req(context=slow)))
-    for _ in range(100):
-        if oe.service.registry.get("dup") is not None:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: oe.service.registry.get("dup") is not None)
     await expect_status(oe.stub.Classify(classify_req(context=ctx(rid="dup"))),
                         grpc.StatusCode.ALREADY_EXISTS, "dup")
     assert (await first).request_id == "dup"

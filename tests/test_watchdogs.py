@@ -15,7 +15,7 @@ import grpc
 import pytest
 from fake_backend import FakeBackend, default_card
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from helpers import collect, gen_request, rejection, serve_backend, start_fake
+from helpers import collect, eventually, gen_request, rejection, serve_backend, start_fake
 
 from openengine_adapters.server import PLUGIN_ENV, ServerConfig, connection_options, plugin_server_config
 from openengine_adapters.types import ErrorCode
@@ -32,14 +32,6 @@ LONG = 100_000  # tokens: megabytes of responses
 
 def long_backend() -> FakeBackend:
     return FakeBackend(cards=[default_card(max_output_tokens=LONG, max_context_length=LONG + 512)])
-
-
-async def settle(predicate, timeout: float = 10.0) -> float:
-    start = time.monotonic()
-    while not predicate():
-        assert time.monotonic() - start < timeout, "condition not reached"
-        await asyncio.sleep(0.02)
-    return time.monotonic() - start
 
 
 def frozen_generate(channel: grpc.aio.Channel, surface: str, rid: str, max_tokens: int = LONG):
@@ -65,13 +57,13 @@ async def test_a_frozen_client_loses_its_stream_and_frees_the_slot(surface):
         frozen = grpc.aio.insecure_channel(h.target, options=FROZEN_CLIENT)
         try:
             calls = [frozen_generate(frozen, surface, f"frozen{i}") for i in range(n)]
-            await settle(lambda: h.service.admission.in_flight == n)
+            await eventually(lambda: h.service.admission.in_flight == n)
             # the slot is held while the client does not read ...
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await collect(h.stub, gen_request("x", request_id="blocked"))
             assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             # ... until the stall watchdog ends the stream: engine request aborted, slot and id free
-            waited = await settle(lambda: h.service.admission.in_flight == 0 and len(h.service.registry) == 0)
+            waited = await eventually(lambda: h.service.admission.in_flight == 0 and len(h.service.registry) == 0)
             assert waited < 5
             assert sorted(fake.aborted) == [f"frozen{i}" for i in range(n)]
             assert not fake.running
@@ -101,11 +93,11 @@ async def test_a_stalled_watchdog_off_keeps_the_slot(surface):
         frozen = grpc.aio.insecure_channel(h.target, options=FROZEN_CLIENT)
         try:
             call = frozen_generate(frozen, surface, "frozen")
-            await settle(lambda: h.service.admission.in_flight == 1)
+            await eventually(lambda: h.service.admission.in_flight == 1)
             await asyncio.sleep(1.5)
             assert h.service.admission.in_flight == 1
             call.cancel()
-            await settle(lambda: h.service.admission.in_flight == 0)
+            await eventually(lambda: h.service.admission.in_flight == 0)
         finally:
             await frozen.close()
 
@@ -117,11 +109,11 @@ async def test_a_frozen_subscriber_is_ended_and_frees_its_subscription_slot():
         try:
             sub = openengine_pb2_grpc.OpenEngineStub(frozen).SubscribeRuntimeEvents(
                 observability_pb2.SubscribeRuntimeEventsRequest())
-            await settle(lambda: h.service.subscriptions == 1)
+            await eventually(lambda: h.service.subscriptions == 1)
             # thousands of FORWARD_PASS events, far more than the frozen window takes
             gen = h.stub.Generate(gen_request("x", request_id="busy", metadata={"fake.step_delay_ms": "1"},
                                               stopping=g.StoppingOptions(max_tokens=3000, ignore_eos=True)))
-            await settle(lambda: h.service.subscriptions == 0)
+            await eventually(lambda: h.service.subscriptions == 0)
             assert h.service.watchdog.stalled_streams == 1
             # the slot is free: a new subscriber is taken
             fresh = h.stub.SubscribeRuntimeEvents(observability_pb2.SubscribeRuntimeEventsRequest())
@@ -167,10 +159,10 @@ async def test_a_hung_engine_is_not_ready_ends_every_stream_retryably_and_recove
         events = await collect_rest(sub)
         assert events[-1].HasField("error") and events[-1].error.retryable
         assert await gen.code() == await sub.code() == grpc.StatusCode.OK
-        await settle(lambda: len(h.service.registry) == 0)
+        await eventually(lambda: len(h.service.registry) == 0)
         # still hung: a new request makes no progress either -> NOT_READY / NOT_SERVING
         probe = h.stub.Generate(gen_request("y", request_id="waits"))
-        await settle(lambda: h.service.watchdog.hung, timeout=5)
+        await eventually(lambda: h.service.watchdog.hung, timeout=5)
         assert await health_states(h) == (lifecycle_pb2.HEALTH_STATE_NOT_READY,
                                           health_pb2.HealthCheckResponse.NOT_SERVING)
         v01_health = await h.channel.unary_unary(
@@ -183,7 +175,7 @@ async def test_a_hung_engine_is_not_ready_ends_every_stream_retryably_and_recove
         fake.resume()
         events = await collect(h.stub, gen_request("z", request_id="after", stopping=g.StoppingOptions(max_tokens=3)))
         assert events[-1].HasField("finished")
-        await settle(lambda: not h.service.watchdog.hung)
+        await eventually(lambda: not h.service.watchdog.hung)
         await asyncio.sleep(0.1)  # the grpc.health refresh is scheduled on the change
         assert await health_states(h) == (lifecycle_pb2.HEALTH_STATE_READY, health_pb2.HealthCheckResponse.SERVING)
 
@@ -195,7 +187,7 @@ async def test_a_dead_engine_ends_idle_subscriptions_with_one_retryable_error():
         v01_kv = h.channel.unary_stream(
             "/openengine.v1.Control/SubscribeKvEvents", request_serializer=lambda b: b,
             response_deserializer=lambda b: b)(b"")
-        await settle(lambda: h.service.subscriptions == 2)
+        await eventually(lambda: h.service.subscriptions == 2)
         fake.die("engine core exited with code 9")
         events = await collect_rest(runtime)
         assert len(events) == 1 and events[0].error.retryable
@@ -353,7 +345,7 @@ async def test_keepalive_ends_the_stream_of_a_vanished_peer():
             await call.read()
             proxy.frozen.set()
             await asyncio.wait_for(proxy.closed_by_server.wait(), 8)
-            await settle(lambda: h.service.admission.in_flight == 0)
+            await eventually(lambda: h.service.admission.in_flight == 0)
             call.cancel()
         finally:
             await peer.close()

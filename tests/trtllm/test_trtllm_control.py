@@ -10,7 +10,7 @@ import fake_trtllm
 import grpc
 import pytest
 from google.protobuf import json_format
-from helpers import collect, expect_status, gen_request, read_rest, rejection
+from helpers import collect, eventually, expect_status, gen_request, read_rest, rejection, serve_backend
 from stream_contract import check_generate_stream
 
 from openengine_adapters.types import EngineRole
@@ -236,11 +236,9 @@ async def first_request(h) -> None:
     """TensorRT-LLM's KV-event queue exists from the first request on (executor.py aget_kv_events):
     one short request (no full block), then the engine's "created" event is consumed."""
     await collect(h.stub, gen_request("hi", stopping=g.StoppingOptions(max_tokens=1)))
-    for _ in range(500):  # until the poller has read it (a loaded machine may take a while)
-        if h.backend.kv._last_event_id:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the engine's created event was never read")
+    # until the poller has read it (a loaded machine may take a while)
+    await eventually(lambda: h.backend.kv._last_event_id, timeout=5,
+                     message="the engine's created event was never read")
 
 
 async def test_kv_events_sequence_replay_snapshot_and_clear(trt):
@@ -298,10 +296,8 @@ async def test_kv_events_per_attention_dp_rank(serve):
     """Each attention-DP rank has its own sequence numbers; a rank the engine does not have is refused."""
     async with serve(fake_trtllm.Args(enable_attention_dp=True, tensor_parallel_size=2)) as h:
         await first_request(h)
-        for _ in range(500):  # each rank has its own "created" event: wait for rank 1's too
-            if 1 in h.backend.kv._last_event_id:
-                break
-            await asyncio.sleep(0.01)
+        # each rank has its own "created" event: wait for rank 1's too
+        await eventually(lambda: 1 in h.backend.kv._last_event_id, timeout=5)
         call = h.stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest(data_parallel_ranks=[1]))
         await asyncio.sleep(0.05)
         for hash_ in (7, 8):
@@ -492,3 +488,41 @@ async def test_health_after_the_engine_shut_down_and_output_cap(trt):
     # generate_async raises RuntimeError("LLM is shutting down"): retryable elsewhere, not INTERNAL
     await expect_status(trt.stub.Generate(gen_request("hi", stopping=g.StoppingOptions(max_tokens=1))),
                         grpc.StatusCode.UNAVAILABLE, "LLM is shutting down")
+
+
+async def test_a_dead_worker_ends_every_stream_with_one_retryable_error_and_health_turns_not_ready(tensorrt_llm):
+    """A TensorRT-LLM worker process dies mid-stream: its requests get no further response (the
+    fake's ``LLM.die``), so only the adapter's ``dead()`` - polled by the server's watchdog - ends the
+    open Generate stream and the runtime and KV subscriptions, each with one retryable error."""
+    from openengine_adapters.trtllm.backend import TrtllmBackend, TrtllmOptions
+
+    llm = fake_trtllm.LLM()
+    llm.step_s = 0.02
+    backend = TrtllmBackend(llm, TrtllmOptions(poll_timeout_s=0.02, poll_interval_s=0.005))
+    async with serve_backend(backend, {"progress_timeout_s": 0}) as h:
+        runtime = h.stub.SubscribeRuntimeEvents(observability_pb2.SubscribeRuntimeEventsRequest())
+        kv = h.stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest())
+        gen = h.stub.Generate(gen_request("hi", request_id="doomed",
+                                          stopping=g.StoppingOptions(max_tokens=200, ignore_eos=True)))
+        first = await asyncio.wait_for(gen.read(), 5)
+        assert not first.HasField("error")
+        assert backend.dead() is None
+        health = await h.stub.Health(lifecycle_pb2.HealthRequest())
+        assert health.state == lifecycle_pb2.HEALTH_STATE_READY
+        llm.die(RuntimeError("CUDA error: an illegal memory access was encountered"))
+        assert "worker process exited: CUDA error" in backend.dead()
+        for call in (gen, runtime, kv):
+            rest = [r for r in await asyncio.wait_for(read_rest(call), 10) if r.HasField("error")]
+            assert len(rest) == 1, rest
+            err = rest[0].error
+            assert (err.code, err.retryable, err.retry_after_ms) == (error_pb2.ERROR_CODE_INTERNAL, True, 0), err
+            assert "the engine died: a TensorRT-LLM worker process exited" in err.message
+            assert await call.code() == grpc.StatusCode.OK
+        health = await h.stub.Health(lifecycle_pb2.HealthRequest())
+        assert health.state == lifecycle_pb2.HEALTH_STATE_NOT_READY, health
+        assert "illegal memory access" in str(health)
+        # the stream's request is gone from the server: a new one is refused before acceptance, retryably
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await collect(h.stub, gen_request("again", stopping=g.StoppingOptions(max_tokens=1)))
+        assert refused.value.code() == grpc.StatusCode.INTERNAL
+        assert rejection(refused.value).retryable

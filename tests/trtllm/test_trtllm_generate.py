@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import fake_trtllm
 import grpc
 import pytest
-from helpers import collect, expect_status, gen_request, read_rest
+from helpers import collect, eventually, expect_status, gen_request, read_rest
 from stream_contract import check_generate_stream
 
 from openengine_adapters.v1 import generation_pb2 as g
@@ -321,11 +320,8 @@ async def test_abort_all(trt):
 async def test_client_cancel_aborts_engine_request(trt):
     req, call, first = await _start_slow(trt, "cx")
     call.cancel()
-    for _ in range(100):
-        if not trt.llm.live and not trt.backend._live:
-            break
-        await asyncio.sleep(0.01)
-    assert not trt.llm.live and trt.llm.abort_calls and not trt.backend._live
+    await eventually(lambda: not trt.llm.live and not trt.backend._live)
+    assert trt.llm.abort_calls
 
 
 async def test_enqueue_refusal_is_invalid_argument_not_an_engine_error(serve, tmp_path):
