@@ -177,6 +177,26 @@ class TrtllmBackend(TrtllmCard, EngineQueuePolling, LazyLoraRegistry, TrtllmTask
                                                HealthState.DEGRADED, f"engine queue poll failing: {self._poll_error}"))
         return checks
 
+    def dead(self) -> str | None:
+        """A worker that died leaves the LLM's streams waiting forever (the proxy's result queue gets
+        nothing more): its MPI future completes (executor/proxy.py ``mpi_done_callback`` queues the
+        error) and the executor shuts itself down on the error (executor.py
+        ``_handle_background_error``: ``self.shutdown()``, so ``doing_shutdown``) while the LLM
+        keeps it. An LLM shut down by its owner drops the executor instead
+        (``LLM.shutdown``: ``self._executor = None``): not a death, ``check_health`` reports it."""
+        executor = getattr(self.llm, "_executor", None)
+        if executor is None:
+            return None
+        for future in getattr(executor, "mpi_futures", None) or ():
+            if future.done():
+                error = None if future.cancelled() else future.exception()
+                # the first line: CppExecutorError's str carries its stack trace (executor.py)
+                said = (str(error) or type(error).__name__).splitlines()[0] if error else "without an error"
+                return f"a TensorRT-LLM worker process exited: {said}"
+        if getattr(executor, "doing_shutdown", False):
+            return "the TensorRT-LLM executor shut down after a background error"
+        return None
+
     async def load(self, per_rank: bool) -> be.LoadSnapshot:
         idle = not self._live
         if not self.stats_on:

@@ -35,11 +35,13 @@ Tokenizer: one character = one token (``ord``), BOS 1, EOS 2.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import itertools
 import json
 import math
 import os
+import queue
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
@@ -316,7 +318,23 @@ async def _empty():
 
 
 class _Executor:
-    doing_shutdown = False
+    """The LLM's executor as a death leaves it (1.2, executor/proxy.py ``ExecutorBindingsProxy``):
+    one MPI future per worker process (``mpi_futures``, from ``mpi_session.submit(worker_main)``);
+    a worker that dies completes its future with the error, which ``mpi_done_callback`` puts on
+    ``_error_queue``; the next ``_handle_background_error`` (executor.py) takes it and calls
+    ``self.shutdown()``, so ``doing_shutdown`` turns True while the LLM keeps its executor."""
+
+    def __init__(self, workers: int = 1) -> None:
+        self.doing_shutdown = False
+        self._error_queue: queue.Queue = queue.Queue()
+        self.mpi_futures = [concurrent.futures.Future() for _ in range(workers)]
+        for f in self.mpi_futures:
+            f.set_running_or_notify_cancel()
+
+    def worker_died(self, error: BaseException, rank: int = 0) -> None:
+        self.mpi_futures[rank].set_exception(error)  # the MPI pool's future of worker_main
+        self._error_queue.put_nowait(error)  # proxy.py mpi_done_callback
+        self.doing_shutdown = True  # executor.py _handle_background_error -> self.shutdown()
 
 
 class RequestError(RuntimeError):
@@ -457,7 +475,8 @@ class LLM:
         self.dp_size = self.args.tensor_parallel_size if self.args.enable_attention_dp else 1
         self.rank_of: dict[int, int] = {}  # request id -> the attention-DP rank that runs it
         self.shut = False
-        self._executor = _Executor()
+        self._executor = _Executor(self.args.tensor_parallel_size * self.args.pipeline_parallel_size)
+        self.worker_dead = False  # a worker process died: nothing answers any more (see die)
         self.stalled = False  # the executor loop is blocked on a handoff it cannot resolve
         self.fail_after: int | None = None  # tests: fail a request after this many engine steps
         # the worker's max_seq_len: the user's, else the model config's (create_py_executor)
@@ -500,6 +519,13 @@ class LLM:
         # dicts: the worker serializes IterationStats.to_json_str() (worker.py dispatch_stats_task)
         # and result.py IterationResult.__anext__ returns json.loads(data)
         return self.stats_queue.set_timeout(timeout) if self.submitted else _empty()
+
+    def die(self, error: BaseException | None = None) -> None:
+        """Tests: a worker process dies (CUDA error, OOM kill). In-flight requests get no further
+        response, not even to an abort: proxy.py's dispatch_result_thread blocks on a result queue
+        that the dead worker no longer feeds."""
+        self.worker_dead = True
+        self._executor.worker_died(error or RuntimeError("MPI worker exited unexpectedly"))
 
     def shutdown(self) -> None:
         """llmapi/llm.py shutdown: the executor is shut down and dropped (``self._executor = None``)."""
@@ -689,6 +715,8 @@ class LLM:
                     if done[i]:
                         continue
                     await asyncio.sleep(self.step_s)
+                    while self.worker_dead:  # see die
+                        await asyncio.sleep(3600)
                     step += 1
                     burst = 2 if step % 3 == 0 else 1
                     new, lps, reason, stop_reason = pending[i], [None] * len(pending[i]), None, None
@@ -735,6 +763,8 @@ class LLM:
                     if self.fail_after is not None and step >= self.fail_after and not all(done):
                         raise RuntimeError("engine failure mid-stream (test)")
         except asyncio.CancelledError:
+            if self.worker_dead:  # see die
+                return
             # abort: every unfinished sequence ends "cancelled" in one final response each
             unfinished = [i for i in range(sp.n) if not done[i]]
             for k, i in enumerate(unfinished):
