@@ -7,7 +7,6 @@ import contextlib
 import inspect
 import os
 import pathlib
-import re
 import signal
 import socket
 import subprocess
@@ -141,17 +140,12 @@ SERVE_FAKE = pathlib.Path(__file__).with_name("serve_fake.py")
 
 async def start_fake(*args: str) -> tuple[asyncio.subprocess.Process, int, list[str]]:
     """tests/serve_fake.py as a process; returns it, its port and the log lines before 'ready'."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(SERVE_FAKE), "--host", "127.0.0.1", "--port", "0", "--drain-grace-s", "0.5", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "PYTHONPATH": str(SERVE_FAKE.parent.parent)})
-    lines: list[str] = []
-    while True:
-        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
-        assert line, "serve_fake exited before it was ready:\n" + "".join(lines)
-        if m := re.search(r"ready on .*:(\d+)", line):
-            return proc, int(m.group(1)), lines
-        lines.append(line)
+    from launch_helpers import start_server
+
+    proc, port, lines = await start_server(
+        [sys.executable, str(SERVE_FAKE), "--host", "127.0.0.1", "--port", "0", "--drain-grace-s", "0.5", *args],
+        line_timeout=30)
+    return proc, port, lines[:-1]
 
 
 async def stop_fake(proc: asyncio.subprocess.Process) -> None:

@@ -1,4 +1,6 @@
-"""Running the launchers (``python -m openengine_adapters.<engine>``) as a user does, in tests.
+"""Running the launchers (``python -m openengine_adapters.<engine>``) as a user does, in tests, and
+the one start/wait/stop of a test's server process (``start_server``, ``stop_server``,
+``drain_output``) that the fake (helpers.start_fake) and the vLLM and SGLang sidecars use.
 
 Each launcher runs in its own session, as a terminal's foreground job would (``start_new_session``):
 ``ctrl_c`` sends SIGINT to its whole process group, as a terminal does. Its output is read in a
@@ -143,6 +145,70 @@ class Launched:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(30)
+
+
+def with_root(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This environment with the checkout first on PYTHONPATH (engine test shims stay behind it)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+            **(extra or {})}
+
+
+def spawn_threaded(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    """A server process whose output is read in a thread (for loops without a child watcher)."""
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=with_root(env), text=True,
+                            bufsize=1)
+
+
+async def start_server(argv: list[str], *, env: dict[str, str] | None = None, line_timeout: float,
+                       threaded: bool = False):
+    """The one start-and-wait for a test's server process (the fake, the vLLM or SGLang sidecar):
+    start ``argv`` with the checkout on PYTHONPATH, read its output until the ready line; returns
+    (process, port, output lines up to and with the ready line). ``threaded``: a ``Popen`` read in
+    a thread (SGLang's uvloop policy has no child watcher), else an asyncio subprocess."""
+    if threaded:
+        proc = spawn_threaded(argv, env)
+
+        def readline():
+            return asyncio.to_thread(proc.stdout.readline)
+    else:
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.STDOUT, env=with_root(env))
+
+        async def readline():
+            return (await proc.stdout.readline()).decode()
+    lines: list[str] = []
+    while True:
+        line = await asyncio.wait_for(readline(), line_timeout)
+        lines.append(line)
+        assert line, f"{argv[1:4]} exited before it was ready:\n" + "".join(lines[-40:])
+        if m := READY.search(line.rstrip("\n")):
+            return proc, int(m.group(1)), lines
+
+
+async def stop_server(proc, timeout: float) -> int | None:
+    """SIGTERM first (the server drains; a SIGKILLed sidecar would orphan its engine processes),
+    SIGKILL after ``timeout``; returns the exit code."""
+    threaded = isinstance(proc, subprocess.Popen)
+    if (proc.poll() if threaded else proc.returncode) is None:
+        proc.terminate()
+        try:
+            if threaded:
+                await asyncio.to_thread(proc.wait, timeout)
+            else:
+                await asyncio.wait_for(proc.wait(), timeout)
+        except (subprocess.TimeoutExpired, TimeoutError):
+            proc.kill()
+            await (asyncio.to_thread(proc.wait) if threaded else proc.wait())
+    return proc.returncode
+
+
+async def drain_output(proc, sink: list[str] | None = None) -> None:
+    """Keep reading a server's output (a full pipe would block it)."""
+    threaded = isinstance(proc, subprocess.Popen)
+    while line := (await asyncio.to_thread(proc.stdout.readline) if threaded
+                   else (await proc.stdout.readline()).decode()):
+        if sink is not None:
+            sink.append(line)
 
 
 @contextlib.contextmanager

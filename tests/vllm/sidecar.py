@@ -1,43 +1,23 @@
-"""Launching ``python -m openengine_adapters.vllm`` as a child process in tests."""
+"""Launching ``python -m openengine_adapters.vllm`` as a child process in tests (the start, wait
+and stop are tests/launch_helpers.py's)."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import re
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from launch_helpers import drain_output, start_server, stop_server
+
+__all__ = ["drain_output", "launch", "stop"]
 
 
 async def launch(*args, env=None):
     """Start the sidecar on a free port; return (process, target, output lines so far)."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "openengine_adapters.vllm", "--host", "127.0.0.1", "--port", "0", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
-    lines = []
-    while True:
-        line = (await asyncio.wait_for(proc.stdout.readline(), 600)).decode()
-        lines.append(line)
-        assert line, "sidecar exited before it was ready:\n" + "".join(lines[-40:])
-        if m := re.search(r"ready on .*:(\d+)", line):
-            return proc, f"127.0.0.1:{m.group(1)}", lines
+    proc, port, lines = await start_server(
+        [sys.executable, "-m", "openengine_adapters.vllm", "--host", "127.0.0.1", "--port", "0", *args],
+        env=env, line_timeout=600)
+    return proc, f"127.0.0.1:{port}", lines
 
 
 async def stop(proc):
     """SIGTERM first: a SIGKILLed sidecar would orphan its vLLM engine-core process."""
-    if proc.returncode is None:
-        proc.terminate()
-        try:
-            await asyncio.wait_for(proc.wait(), 60)
-        except TimeoutError:
-            proc.kill()
-
-
-async def drain_output(proc, sink: list[str] | None = None):
-    """Keep reading the child's output (a full pipe would block it)."""
-    while line := await proc.stdout.readline():
-        if sink is not None:
-            sink.append(line.decode())
+    await stop_server(proc, 60)
