@@ -26,13 +26,10 @@ def long_req(rid, n=1):
 
 
 async def wait_idle(served, timeout=20.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        if await running_requests(served.tm) == 0 and not served.backend._live:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"SGLang still runs {await running_requests(served.tm)} request(s); "
-                         f"adapter live: {served.backend._live}")
+    async def idle() -> bool:
+        return await running_requests(served.tm) == 0 and not served.backend._live
+
+    await eventually(idle, timeout, 0.1, "SGLang still runs a request, or the adapter still holds one")
 
 
 async def until_running(served, at_least=1, timeout=10.0):

@@ -9,7 +9,7 @@ import time
 import msgpack
 import pytest
 from conftest import PAGE_SIZE
-from helpers import collect
+from helpers import collect, eventually
 from kv_raw import KIND, RawCollector, pb_hash, raw_hash
 
 from openengine_adapters.v1 import generation_pb2 as g
@@ -71,10 +71,10 @@ async def read_until(call, last_seq, timeout=30.0):
 async def flush_when_idle(tm, timeout_s: float = 20.0):
     """SGLang refuses to flush while its scheduler still holds a request (a finished stream's
     request may be released a step later), so retry until it is idle."""
-    deadline = time.monotonic() + timeout_s
-    while not (flushed := await tm.flush_cache()).success:
-        assert time.monotonic() < deadline, f"SGLang never became idle enough to flush: {flushed}"
-        await asyncio.sleep(0.2)
+    async def flushed() -> bool:
+        return (await tm.flush_cache()).success
+
+    await eventually(flushed, timeout_s, 0.2, "SGLang never became idle enough to flush")
 
 
 @pytest.fixture(scope="module")
@@ -96,10 +96,7 @@ async def test_sources_advertise_routable_publisher(served, kv_ports):
 
 async def test_typed_stream_equals_sglang_zmq(served, raw):
     call = served.stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest())
-    for _ in range(200):
-        if served.backend.kv_publishers.bridge.hub.subscriber_count:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: served.backend.kv_publishers.bridge.hub.subscriber_count, timeout=5)
     start = len(raw.batches)
     await generate(served.stub, 4, 0)
     await flush_when_idle(served.tm)  # SGLang's radix-cache reset: AllBlocksCleared

@@ -15,7 +15,7 @@ import grpc
 import pytest
 import pytest_asyncio
 from google.protobuf import json_format
-from helpers import collect, expect_status, free_port, rejection, run_v0_1_client, v0_1_conformance
+from helpers import collect, eventually, expect_status, free_port, rejection, run_v0_1_client, v0_1_conformance
 from sidecar import drain_output, launch, stop
 from stream_contract import check_generate_stream
 
@@ -267,11 +267,9 @@ async def test_sessions_are_tracked_and_aborted_by_session(prefill, decode):
     assert rest[-1].finished.reason == g.FINISH_REASON_CANCELLED
     load = await decode.stub.GetLoad(obs.GetLoadRequest())
     assert load.active_kv_sessions == 0
-    for _ in range(50):  # vLLM's own count settles with its next step
-        if (await decode.stub.GetLoad(obs.GetLoadRequest())).running_requests == 0:
-            break
-        await asyncio.sleep(0.1)
-    assert (await decode.stub.GetLoad(obs.GetLoadRequest())).running_requests == 0
+    async def idle():  # vLLM's own count settles with its next step
+        return (await decode.stub.GetLoad(obs.GetLoadRequest())).running_requests == 0
+    await eventually(idle, timeout=5, interval=0.1, message="decode engine still runs a request")
 
 
 async def _rest(call):

@@ -11,7 +11,7 @@ import msgpack
 import pytest
 import pytest_asyncio
 from conftest import engine_args, serve_vllm
-from helpers import collect, free_port
+from helpers import collect, eventually, free_port
 from kv_raw import KIND, RawCollector, pb_hash, raw_hash
 
 from openengine_adapters.v1 import generation_pb2 as g
@@ -118,10 +118,7 @@ async def test_sources_are_routable(kv):
 
 async def test_typed_stream_equals_raw_zmq(kv):
     call = kv.stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest())
-    for _ in range(200):
-        if kv.backend.kv_publishers.bridge.hub.subscriber_count:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: kv.backend.kv_publishers.bridge.hub.subscriber_count, timeout=5)
     await generate(kv.stub, 8, 0)  # ~24 blocks through a 10-block pool: evictions
     assert await kv.engine.reset_prefix_cache()
     await generate(kv.stub, 2, 100)

@@ -12,7 +12,7 @@ import grpc
 import pytest
 import pytest_asyncio
 from conftest import engine_args, serve_vllm
-from helpers import collect, expect_status
+from helpers import collect, eventually, expect_status
 from stream_contract import check_generate_stream
 
 from openengine_adapters.v1 import generation_pb2 as g
@@ -40,11 +40,9 @@ async def test_priority_higher_runs_first(priority_engine):
         finished.append(rid)
 
     blocker = asyncio.ensure_future(one("blocker", 0, 300))
-    while s.engine.get_num_unfinished_requests() < 1:
-        await asyncio.sleep(0.01)
+    await eventually(lambda: s.engine.get_num_unfinished_requests() >= 1, timeout=120)
     low = asyncio.ensure_future(one("low", -5, 4))  # max_num_seqs=1: queued behind the blocker
-    while s.engine.get_num_unfinished_requests() < 2:
-        await asyncio.sleep(0.01)
+    await eventually(lambda: s.engine.get_num_unfinished_requests() >= 2, timeout=120)
     high = asyncio.ensure_future(one("high", 5, 4))
     await asyncio.gather(blocker, low, high)
     assert finished.index("high") < finished.index("low"), finished
