@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import grpc
 import pytest
-from helpers import collect, expect_status, serve_backend
+from helpers import collect, eventually, expect_status, serve_backend
 from stream_contract import check_generate_stream
 
 from openengine_adapters.engine_kit.sessions import prompt_digest
@@ -142,8 +142,7 @@ async def test_abort_while_waiting_for_the_decode_peer():
     tm = FakePrefillTokenizerManager(wait_for_decode=True)
     async with serve_backend(backend(tm)) as h:
         call = h.stub.Generate(req("p-wait"))
-        while not tm.received:
-            await asyncio.sleep(0.01)
+        await eventually(lambda: tm.received)
         resp = await h.stub.Abort(lifecycle_pb2.AbortRequest(request_id="p-wait"))
         assert resp.status == lifecycle_pb2.ABORT_STATUS_ABORTED
         responses = [r async for r in call]
