@@ -5,13 +5,12 @@ be tried without an engine: checked on the process, through gRPC."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import subprocess
 import sys
 
 import grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from helpers import SERVE_FAKE, gen_request, outcome, start_fake, stop_fake
+from helpers import SERVE_FAKE, eventually, gen_request, outcome, start_fake, stop_fake
 from pki import make_ca
 
 from openengine_adapters.errors import ERROR_TRAILER
@@ -79,10 +78,15 @@ async def test_serve_fake_with_tls_keys_no_reflection_a_lora_root_and_limits(tmp
             first.cancel()
             # --max-subscriptions 1
             sub = stub.SubscribeRuntimeEvents(observability_pb2.SubscribeRuntimeEventsRequest())
-            await asyncio.sleep(0.2)
-            code, exc = await outcome(stub.SubscribeRuntimeEvents(observability_pb2.SubscribeRuntimeEventsRequest(),
-                                                                  timeout=5))
-            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, code
+            seen = []  # the second subscription is refused once the first is registered (no fixed sleep)
+
+            async def second_refused() -> bool:
+                seen[:] = await outcome(stub.SubscribeRuntimeEvents(
+                    observability_pb2.SubscribeRuntimeEventsRequest(), timeout=1))
+                return seen[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+            await eventually(second_refused, timeout=15, message="--max-subscriptions 1 never refused a second")
+            code, exc = seen
             sub.cancel()
             # the client key is no operator's
             code, exc = await outcome(stub.Abort(lifecycle_pb2.AbortRequest(all_requests=lifecycle_pb2.AllRequests())))
