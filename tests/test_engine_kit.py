@@ -122,3 +122,17 @@ def test_relevance_scores_follow_the_groups():
     result = scores.relevance_score_result(p, [0.5, -1.0, 2.0], 12)
     assert [[list(c.scores.values) for c in row] for row in result.groups] == [[[0.5], [-1.0]], [[2.0]]]
     assert result.semantics == ValueSemantics.RELEVANCE and result.higher_is_better and result.usage.input_tokens == 12
+
+
+class _Entry:
+    def __init__(self, logprob: float, rank: int | None, text: str = "") -> None:
+        self.logprob, self.rank, self.decoded_token = logprob, rank, text
+
+
+def test_top_candidates_rank_order_cut_and_fillers():
+    pos = {5: _Entry(-0.1, 1, "a"), 3: _Entry(-2.0, 3, "c"), 4: _Entry(-1.0, 2, "b"),
+           9: _Entry(-7.0, 40, "chosen"), 8: _Entry(float("-inf"), 2), 6: _Entry(-0.5, None)}
+    top2 = outputs.top_candidates(pos, 2, text=lambda e: e.decoded_token)
+    assert [(c.token_id, c.rank, c.token) for c in top2] == [(5, 1, "a"), (4, 2, "b"), (8, 2, "")]
+    assert [c.token_id for c in outputs.top_candidates(pos, 2, finite_only=True)] == [5, 4]
+    assert [c.token_id for c in outputs.top_candidates(pos, None)] == [5, 4, 8, 3, 9]  # every ranked entry

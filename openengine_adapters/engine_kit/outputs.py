@@ -23,6 +23,17 @@ def finite(x: Any) -> float | None:
     return float(x) if x is not None and math.isfinite(x) else None
 
 
+def top_candidates(position: Mapping[int, Any], top_n: int | None, *, text: Callable[[Any], str] = lambda e: "",
+                   finite_only: bool = False) -> list[be.Candidate]:
+    """The ranked candidates of one position given as ``{token_id: entry with .logprob, .rank}``
+    (vLLM's and TensorRT-LLM's shape): by rank then id, those ranked within ``top_n`` (all ranked
+    ones when None), dropping entries with no rank and, with ``finite_only``, -inf fillers."""
+    ranked = sorted(((e.rank, tid, e) for tid, e in position.items() if e.rank is not None),
+                    key=lambda t: (t[0], t[1]))
+    return [be.Candidate(tid, e.logprob, text(e), rank) for rank, tid, e in ranked
+            if (top_n is None or rank <= top_n) and (not finite_only or math.isfinite(e.logprob))]
+
+
 def finish(reason: str | None, matched: int | str | None, token_ids: Sequence[int], eos_token_id: int | None,
            *, eos_in_output: bool = False,
            engine_reasons: Mapping[str, tuple[FinishReason, str]] | None = None,

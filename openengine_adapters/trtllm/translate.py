@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -221,11 +220,7 @@ def token_logprob(position: Mapping[int, Any] | None, token_id: int | None,
         out.logprob = outputs.finite(chosen.logprob)
         out.rank = chosen.rank
     if sel is not None and sel.top_n > 0:
-        ranked = sorted(((e.rank if e.rank is not None else math.inf, tid, e) for tid, e in position.items()),
-                        key=lambda t: (t[0], t[1]))
-        for rank, tid, e in ranked[:sel.top_n]:
-            if rank <= sel.top_n and math.isfinite(e.logprob):
-                out.candidates.append(be.Candidate(tid, e.logprob, "", e.rank))
+        out.candidates = outputs.top_candidates(position, sel.top_n, finite_only=True)
     return out
 
 

@@ -112,10 +112,8 @@ def token_logprob(position: Mapping[int, Any] | None, token_id: int,
             if entry is not None:
                 out.candidates.append(be.Candidate(tid, entry.logprob, entry.decoded_token or ""))
         return out, text
-    entries = sorted(position.items(), key=lambda kv: (kv[1].rank or 0, kv[0]))
-    if sel.mode == CandidateMode.TOP_N:
-        entries = [kv for kv in entries if kv[1].rank is not None and kv[1].rank <= sel.top_n]
-    out.candidates = [be.Candidate(tid, e.logprob, e.decoded_token or "", e.rank) for tid, e in entries]
+    top_n = sel.top_n if sel.mode == CandidateMode.TOP_N else None  # ALL: every ranked entry
+    out.candidates = outputs.top_candidates(position, top_n, text=lambda e: e.decoded_token or "")
     return out, text
 
 
