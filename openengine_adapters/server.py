@@ -150,11 +150,13 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     add_security_args(parser)
 
 
-# the plugins' variables of the numeric flags (``--max-subscriptions`` -> OPENENGINE_MAX_SUBSCRIPTIONS)
-PLUGIN_ENV = {name: "OPENENGINE_" + name.upper() for name in (
+# the numeric settings a flag and a plugin variable set alike, by ServerConfig field name
+NUMERIC_SETTINGS = (
     "max_subscriptions", "drain_grace_s", "retry_after_ms", "keepalive_time_s", "keepalive_timeout_s",
     "keepalive_min_client_interval_s", "max_connection_idle_s", "max_connection_age_s", "stall_timeout_s",
-    "progress_timeout_s")}
+    "progress_timeout_s")
+# the plugins' variables of those flags (``--max-subscriptions`` -> OPENENGINE_MAX_SUBSCRIPTIONS)
+PLUGIN_ENV = {name: "OPENENGINE_" + name.upper() for name in NUMERIC_SETTINGS}
 
 
 def plugin_server_config(port_env: str, host_env: str, max_in_flight_env: str, *, engine_api_keys=(),
@@ -175,16 +177,11 @@ def plugin_server_config(port_env: str, host_env: str, max_in_flight_env: str, *
 def server_config_from_args(ns: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
         host=ns.host, port=ns.port, advertise_host=ns.advertise_host, instance_id=ns.instance_id,
-        max_in_flight=ns.max_in_flight, retry_after_ms=ns.retry_after_ms,
-        drain_grace_s=ns.drain_grace_s, health_interval_s=ns.health_interval_s,
+        max_in_flight=ns.max_in_flight, health_interval_s=ns.health_interval_s,
         surfaces=parse_surfaces(ns.surfaces), coalesce_max_delay_ms=ns.coalesce_max_delay_ms,
         security=security_from_args(ns), metrics=ns.metrics_port is not None, metrics_port=ns.metrics_port,
-        max_subscriptions=ns.max_subscriptions,
-        keepalive_time_s=ns.keepalive_time_s, keepalive_timeout_s=ns.keepalive_timeout_s,
-        keepalive_min_client_interval_s=ns.keepalive_min_client_interval_s,
-        max_connection_idle_s=ns.max_connection_idle_s, max_connection_age_s=ns.max_connection_age_s,
-        stall_timeout_s=ns.stall_timeout_s, progress_timeout_s=ns.progress_timeout_s,
         reuse_port=getattr(ns, "reuse_port", False),
+        **{name: getattr(ns, name) for name in NUMERIC_SETTINGS},
     )
 
 

@@ -8,7 +8,7 @@ import asyncio
 import json
 import sys
 
-import grpc
+from helpers import outcome
 
 from openengine_adapters.security.channel import open_channel
 from openengine_adapters.v1 import engine_pb2, generation_pb2, lifecycle_pb2, lora_pb2, openengine_pb2_grpc
@@ -16,15 +16,7 @@ from openengine_adapters.wire.v0_1.stub import V01Stub
 
 
 async def status(call) -> str:
-    try:
-        if hasattr(call, "__aiter__"):
-            async for _ in call:
-                pass
-        else:
-            await call
-    except grpc.aio.AioRpcError as exc:
-        return exc.code().name
-    return "OK"
+    return (await outcome(call))[0].name
 
 
 async def main(target: str, adapter: str, token: str | None) -> dict[str, str]:

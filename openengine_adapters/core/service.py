@@ -210,8 +210,7 @@ class EngineService:
         """New work is refused while draining, and while the engine is dead (retryable elsewhere)."""
         self.lifecycle.check_accepting()
         if self.watchdog.dead_reason:
-            raise RequestRejected(grpc.StatusCode.INTERNAL, f"the engine died: {self.watchdog.dead_reason}",
-                                  ErrorCode.INTERNAL, retry_after_ms=0)
+            raise rejected(ErrorCode.INTERNAL, f"the engine died: {self.watchdog.dead_reason}", retry_after_ms=0)
 
     def _engine_dead(self) -> str | None:
         try:
@@ -608,11 +607,10 @@ class EngineService:
                     ("lora_name", info.lora_name, other.lora_name),
                     ("source_path", info.source_path, other.source_path)) if mine == theirs]
                 if clash:
-                    raise RequestRejected(
-                        grpc.StatusCode.ALREADY_EXISTS,
+                    raise rejected(
+                        ErrorCode.DUPLICATE_REQUEST,  # ALREADY_EXISTS, with the trailer code that maps to it
                         f"adapter: {', '.join(clash)} already used by loaded adapter "
-                        f"{other.lora_name!r} (id {other.lora_id}, path {other.source_path!r})",
-                        ErrorCode.DUPLICATE_REQUEST)  # the code of ALREADY_EXISTS (errors.STATUS_FOR_CODE)
+                        f"{other.lora_name!r} (id {other.lora_id}, path {other.source_path!r})")
             await self.backend.load_lora(info)
             self._loras[info.lora_name] = info
         return lora_pb2.LoadLoraResponse(adapter=_lora_message(info), already_loaded=False)
@@ -666,10 +664,10 @@ class EngineService:
             self._check_accepting()
             limit = self.options.max_subscriptions
             if limit is not None and self.subscriptions >= limit:
-                raise RequestRejected(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                raise rejected(
+                    ErrorCode.OVERLOADED,
                     f"subscriptions: {self.subscriptions} open event subscriptions reach the limit of {limit}; "
-                    "retry later", ErrorCode.OVERLOADED, retry_after_ms=self.options.retry_after_ms)
+                    "retry later", retry_after_ms=self.options.retry_after_ms)
             events = open_stream()
         except Exception as exc:
             if not isinstance(exc, RequestRejected | EngineFailure):

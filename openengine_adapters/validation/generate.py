@@ -203,8 +203,8 @@ def _parse_stopping(req, card: ModelCard, gen: GenerationSupport) -> Stopping:
             texts.append(cond.stop_text)
         else:
             ids.append(cond.stop_token_id)
-    distinct = len(dict.fromkeys(texts))
-    if gen.max_stop_strings is not None and distinct > gen.max_stop_strings:
+    texts = list(dict.fromkeys(texts))  # a stop string given twice is one stop string
+    if gen.max_stop_strings is not None and len(texts) > gen.max_stop_strings:
         raise invalid(f"stopping.conditions: at most {gen.max_stop_strings} stop strings")
     if s.HasField("ignore_eos"):
         ignore_eos = s.ignore_eos
@@ -215,7 +215,7 @@ def _parse_stopping(req, card: ModelCard, gen: GenerationSupport) -> Stopping:
     return Stopping(
         max_tokens=max_tokens,
         min_tokens=min_tokens,
-        stop_texts=tuple(dict.fromkeys(texts)),
+        stop_texts=tuple(texts),
         stop_token_ids=tuple(dict.fromkeys(ids)),
         ignore_eos=ignore_eos,
         include_stop_in_output=include,
