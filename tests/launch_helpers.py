@@ -117,14 +117,23 @@ class Launched:
         except subprocess.TimeoutExpired:
             raise AssertionError(f"still running after {timeout:.0f} s:\n{self.tail()}") from None
 
-    def leftovers(self) -> list:
-        """Processes the launcher started that are still alive (zombies aside)."""
-        alive = []
-        for p in self.children:
-            with contextlib.suppress(psutil.Error):
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(p)
-        return alive
+    def leftovers(self, grace_s: float = 10.0) -> list:
+        """Processes the launcher started that are still alive (zombies aside) ``grace_s`` after the
+        call: a child gets a moment to see its parent gone (multiprocessing's resource tracker exits
+        when its pipe closes), so only a process that outlives the launcher is a leftover."""
+
+        def alive() -> list:
+            found = []
+            for p in self.children:
+                with contextlib.suppress(psutil.Error):
+                    if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                        found.append(p)
+            return found
+
+        deadline = time.monotonic() + grace_s
+        while (found := alive()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return found
 
     def last_line_but_exit_notes(self) -> str:
         """The last output line, past the notes engines print at exit on their own (multiprocessing's
@@ -138,7 +147,7 @@ class Launched:
 
     def kill(self) -> None:
         """Clean-up after a failed test: the launcher's group and the processes it started."""
-        for p in self.leftovers():
+        for p in self.leftovers(grace_s=0):
             with contextlib.suppress(Exception):
                 p.kill()
         if self.proc.poll() is None:
