@@ -1,8 +1,10 @@
 """Streaming throughput, latency and serving CPU on SGLang, side by side on one engine configuration:
 
   limit        in-process ``Engine.async_generate(stream=True)``: no transport at all
-  ours         ``python -m openengine_adapters.sglang`` over gRPC, adaptive coalescing on (default)
+  ours         ``python -m openengine_adapters.sglang`` over gRPC at its defaults (adaptive
+               coalescing on, grouping only above its message budget)
   ours-nocoal  the same with ``--coalesce-max-delay-ms 0``
+  ours-grouped the same with ``--coalesce-message-budget 1``: always grouping
   sglang-http  SGLang's own HTTP server (``python -m sglang.launch_server``), ``/generate`` streamed
 
 at 1, 16, 64 and 256 concurrent streams, then the ratios of ours to each. Run it in the `sglang`
@@ -26,7 +28,7 @@ import os
 import time
 
 from measuring import free_port
-from streaming import PROMPT_IDS, Stream, Target, closer, model_dir, openengine_target, parser, run, start_server
+from streaming import PROMPT_IDS, Stream, Target, closer, model_dir, ours_makers, parser, run, start_server
 
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
@@ -70,14 +72,6 @@ async def limit_target(flags: list[str], tokens: int) -> Target:
     return Target("limit", one, close=close)
 
 
-async def ours_target(flags: list[str], tokens: int) -> Target:
-    return await openengine_target("sglang", flags, tokens)
-
-
-async def ours_plain_target(flags: list[str], tokens: int) -> Target:
-    return await openengine_target("sglang", flags, tokens, coalesce=False)
-
-
 async def sglang_http_target(flags: list[str], tokens: int) -> Target:
     import aiohttp
 
@@ -108,10 +102,10 @@ async def sglang_http_target(flags: list[str], tokens: int) -> Target:
     return Target("sglang-http", one, proc.pid, closer(proc, reader, _Session()))
 
 
-MAKERS = {"limit": limit_target, "ours": ours_target, "ours-nocoal": ours_plain_target,
-          "sglang-http": sglang_http_target}
-RATIOS = (("ours", "limit", "tps"), ("ours", "ours-nocoal", "tps"), ("ours", "sglang-http", "tps"),
-          ("ours", "ours-nocoal", "itl_p99_ms"), ("ours", "ours-nocoal", "ttft_ms"))
+MAKERS = {"limit": limit_target, **ours_makers("sglang"), "sglang-http": sglang_http_target}
+RATIOS = (("ours", "limit", "tps"), ("ours", "sglang-http", "tps"), ("ours", "ours-nocoal", "tps"),
+          ("ours", "ours-nocoal", "itl_p99_ms"), ("ours-grouped", "ours-nocoal", "tps"),
+          ("ours-grouped", "ours-nocoal", "cpu_us_per_token"))
 
 
 async def main() -> None:

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import os
 import re
+import shlex
 import statistics
 import sys
 import tempfile
@@ -136,13 +137,19 @@ def closer(proc, reader, channel):
     return close
 
 
-async def openengine_target(engine: str, flags: list[str], tokens: int, coalesce: bool = True) -> Target:
+# our sidecar three ways: at its defaults (adaptive coalescing), coalescing off, and always grouping
+# (a message budget of one per second: every stream holds its tokens for the whole max delay)
+OURS = {"ours": [], "ours-nocoal": ["--coalesce-max-delay-ms", "0"], "ours-grouped": ["--coalesce-message-budget", "1"]}
+
+
+async def openengine_target(engine: str, flags: list[str], tokens: int, name: str = "ours") -> Target:
+    """Our sidecar as ``name`` (a key of ``OURS``) plus $OPENENGINE_BENCH_OURS_FLAGS if set."""
     import grpc
 
     from openengine_adapters.v1 import generation_pb2 as g
     from openengine_adapters.v1 import input_pb2, openengine_pb2_grpc
 
-    ours = ["--coalesce-max-delay-ms", "0"] if not coalesce else []
+    ours = OURS[name] + shlex.split(os.environ.get("OPENENGINE_BENCH_OURS_FLAGS", ""))
     proc, reader, ready = await start_server(  # port 0: the engine's own sockets may take a pre-picked port
         ["-m", f"openengine_adapters.{engine}", *flags, *ours, "--host", "127.0.0.1", "--port", "0"],
         r"ready on .*:(\d+)")
@@ -159,8 +166,17 @@ async def openengine_target(engine: str, flags: list[str], tokens: int, coalesce
                 s.got(len(resp.token.tokens))
         return s
 
-    return Target("ours" if coalesce else "ours-nocoal", one, proc.pid, closer(proc, reader, channel))
+    return Target(name, one, proc.pid, closer(proc, reader, channel))
 
+
+
+def ours_makers(engine: str) -> dict:
+    """A target maker per way of running our sidecar (``OURS``), for a bench's MAKERS."""
+    def maker(name: str):
+        async def make(flags: list[str], tokens: int) -> Target:
+            return await openengine_target(engine, flags, tokens, name)
+        return make
+    return {name: maker(name) for name in OURS}
 
 
 METRICS = (("tps", "tokens/s", ".1f"), ("ttft_ms", "TTFT p50", ".1f"), ("ttft_p99_ms", "TTFT p99", ".1f"),

@@ -1,9 +1,11 @@
 """Streaming throughput, latency and serving CPU, side by side on one engine configuration:
 
   limit        in-process ``AsyncLLM.generate`` (DELTA outputs): no transport at all
-  ours         ``python -m openengine_adapters.vllm`` over gRPC (openengine.v1 Generate), adaptive
-               coalescing on (the default)
+  ours         ``python -m openengine_adapters.vllm`` over gRPC (openengine.v1 Generate) at its
+               defaults: adaptive coalescing on, grouping only above its message budget
   ours-nocoal  the same with ``--coalesce-max-delay-ms 0``: one message per engine delta
+  ours-grouped the same with ``--coalesce-message-budget 1``: always grouping (every stream sends
+               at the policy's ticks, 20 ms apart), to show what grouping itself buys and costs
   vllm-grpc    vLLM's own gRPC server (``python -m vllm.entrypoints.launchers.grpc_server``,
                needs ``pip install smg-grpc-servicer``)
   vllm-http    vLLM's OpenAI-compatible HTTP server, ``/v1/completions`` streamed as SSE (what most
@@ -47,7 +49,7 @@ import os
 import time
 
 from measuring import free_port
-from streaming import PROMPT_IDS, Stream, Target, closer, model_dir, openengine_target, parser, run, start_server
+from streaming import PROMPT_IDS, Stream, Target, closer, model_dir, ours_makers, parser, run, start_server
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -81,14 +83,6 @@ async def limit_target(flags: list[str], tokens: int) -> Target:
         engine.shutdown()
 
     return Target("limit", one, close=close)
-
-
-async def ours_target(flags: list[str], tokens: int) -> Target:
-    return await openengine_target("vllm", flags, tokens)
-
-
-async def ours_plain_target(flags: list[str], tokens: int) -> Target:
-    return await openengine_target("vllm", flags, tokens, coalesce=False)
 
 
 async def vllm_grpc_target(flags: list[str], tokens: int) -> Target:
@@ -156,11 +150,12 @@ async def vllm_http_target(flags: list[str], tokens: int) -> Target:
     return Target("vllm-http", one, proc.pid, closer(proc, reader, _Session()))
 
 
-MAKERS = {"limit": limit_target, "ours": ours_target, "ours-nocoal": ours_plain_target,
+MAKERS = {"limit": limit_target, **ours_makers("vllm"),
           "vllm-grpc": vllm_grpc_target, "vllm-http": vllm_http_target}
 OPTIONAL = {"vllm-grpc": "pip install smg-grpc-servicer"}
-RATIOS = (("ours", "limit", "tps"), ("ours", "ours-nocoal", "tps"), ("ours", "vllm-grpc", "tps"),
-          ("ours", "vllm-http", "tps"), ("ours", "ours-nocoal", "itl_p99_ms"), ("ours", "ours-nocoal", "ttft_ms"))
+RATIOS = (("ours", "limit", "tps"), ("ours", "vllm-grpc", "tps"), ("ours", "vllm-http", "tps"),
+          ("ours", "ours-nocoal", "tps"), ("ours", "ours-nocoal", "itl_p99_ms"), ("ours-grouped", "ours-nocoal", "tps"),
+          ("ours-grouped", "ours-nocoal", "cpu_us_per_token"))
 
 
 async def main() -> None:

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import gc
 import logging
 import os
 import signal
@@ -66,7 +67,9 @@ class ServerConfig(BaseModel):
     drain_grace_s: float = Field(30.0, ge=0)
     max_message_mb: int = Field(64, gt=0)
     surfaces: tuple[str, ...] = SURFACES
-    coalesce_max_delay_ms: float = Field(0.0, ge=0)  # off until it measures better (README Performance)
+    # adaptive coalescing (core.coalescing, README "Performance"); a max delay of 0 turns it off
+    coalesce_max_delay_ms: float = Field(20.0, ge=0)
+    coalesce_message_budget: float = Field(10000.0, gt=0)  # token messages per second before grouping
     max_subscriptions: int | None = Field(64, gt=0)  # open KV + runtime event subscriptions
     # connections (gRPC core's keepalive and idle limits) and the watchdogs (core.watchdog); 0 = off
     keepalive_time_s: float = Field(60.0, ge=0)  # ping an idle connection this often (gRPC's default: 2 h)
@@ -120,9 +123,11 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--health-interval-s", type=float, default=d.health_interval_s,
                        help="how often grpc.health.v1 is refreshed from the engine")
     group.add_argument("--coalesce-max-delay-ms", type=float, default=d.coalesce_max_delay_ms,
-                       help="adaptive coalescing (experimental, off by default): when the server falls behind, "
-                            "token deltas of a stream may wait this long (e.g. 20) to share one message; first "
-                            "tokens and finishes never wait")
+                       help="adaptive coalescing: above the message budget a stream's token deltas may wait at "
+                            "most this long to share one message (first tokens and finishes never wait); 0 = off")
+    group.add_argument("--coalesce-message-budget", type=float, default=d.coalesce_message_budget,
+                       help="token messages per second, over all streams, that the server sends one per engine "
+                            "step before it starts grouping")
     group.add_argument("--metrics-port", type=int, default=None,
                        help="serve Prometheus metrics (the engine's and ours) on this HTTP port")
     group.add_argument("--max-subscriptions", type=int, default=d.max_subscriptions,
@@ -154,7 +159,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
 NUMERIC_SETTINGS = (
     "max_subscriptions", "drain_grace_s", "retry_after_ms", "keepalive_time_s", "keepalive_timeout_s",
     "keepalive_min_client_interval_s", "max_connection_idle_s", "max_connection_age_s", "stall_timeout_s",
-    "progress_timeout_s")
+    "progress_timeout_s", "coalesce_max_delay_ms", "coalesce_message_budget")
 # the plugins' variables of those flags (``--max-subscriptions`` -> OPENENGINE_MAX_SUBSCRIPTIONS)
 PLUGIN_ENV = {name: "OPENENGINE_" + name.upper() for name in NUMERIC_SETTINGS}
 
@@ -178,7 +183,7 @@ def server_config_from_args(ns: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
         host=ns.host, port=ns.port, advertise_host=ns.advertise_host, instance_id=ns.instance_id,
         max_in_flight=ns.max_in_flight, health_interval_s=ns.health_interval_s,
-        surfaces=parse_surfaces(ns.surfaces), coalesce_max_delay_ms=ns.coalesce_max_delay_ms,
+        surfaces=parse_surfaces(ns.surfaces),
         security=security_from_args(ns), metrics=ns.metrics_port is not None, metrics_port=ns.metrics_port,
         reuse_port=getattr(ns, "reuse_port", False),
         **{name: getattr(ns, name) for name in NUMERIC_SETTINGS},
@@ -281,6 +286,7 @@ class OpenEngineServer:
             advertise_host=resolve_advertise_host(config.host, config.advertise_host),
             probe_timeout_s=config.probe_timeout_s,
             coalesce_max_delay_ms=config.coalesce_max_delay_ms,
+            coalesce_message_budget=config.coalesce_message_budget,
             lora_root=config.security.lora_root,
             max_subscriptions=config.max_subscriptions,
             stall_timeout_s=config.stall_timeout_s,
@@ -381,6 +387,15 @@ class OpenEngineServer:
         await self.grpc_server.wait_for_termination()
 
 
+def freeze_startup_heap() -> None:
+    """Move everything start-up allocated (the engine's and the libraries' objects: millions in a
+    vLLM or SGLang front end) out of the garbage collector's reach, as vLLM's own servers do
+    (``vllm.utils.gc_utils.freeze_gc_heap``): otherwise each full collection walks them all and
+    pauses every stream."""
+    gc.collect()
+    gc.freeze()
+
+
 async def run(backend: EngineBackend, config: ServerConfig) -> None:
     """Serve until SIGINT/SIGTERM, then drain and stop; the same signal again aborts the requests
     still running at once (uvicorn's and ``vllm serve``'s second Ctrl-C). The engine is shut down
@@ -405,6 +420,7 @@ async def run(backend: EngineBackend, config: ServerConfig) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
     loop.add_signal_handler(signal.SIGHUP, server.security.reload)  # re-read the TLS certificate
+    freeze_startup_heap()
     print(server.ready_line(), flush=True)
     await stop.wait()
     await server.stop(force=force)

@@ -31,7 +31,7 @@ from openengine_adapters import schema
 from openengine_adapters.backend import EngineBackend, GenerateParams, LoadSnapshot, LoraAdapterInfo
 from openengine_adapters.core.admission import Admission
 from openengine_adapters.core.catalog import ModelCatalog
-from openengine_adapters.core.coalescing import Coalescer, LoopLag, coalesced
+from openengine_adapters.core.coalescing import MessageBudget, coalesced
 from openengine_adapters.core.drain import Lifecycle, run_drain
 from openengine_adapters.core.health import HealthReporter
 from openengine_adapters.core.registry import LiveRequest, RequestRegistry
@@ -82,7 +82,8 @@ class ServiceOptions:
     finished_id_memory: int = 65536
     advertise_host: str = "127.0.0.1"
     probe_timeout_s: float = 30.0
-    coalesce_max_delay_ms: float = 0.0  # > 0 turns adaptive coalescing on (experimental)
+    coalesce_max_delay_ms: float = 0.0  # > 0 turns adaptive coalescing on (core.coalescing)
+    coalesce_message_budget: float = 10000.0  # token messages per second before streams group theirs
     lora_root: str | None = None  # LoadLora takes only directories under it (None: any, loopback callers only)
     max_subscriptions: int | None = 64  # open KV + runtime event subscriptions; None = unlimited
     stall_timeout_s: float = 30.0  # a stream whose client takes no message for this long is ended; 0 = off
@@ -157,7 +158,8 @@ class EngineService:
         self.health = HealthReporter(backend, self.lifecycle, self.identity.role,
                                      probe_timeout_s=options.probe_timeout_s)
         # adaptive coalescing of token messages under load (core.coalescing); None = off
-        self.coalescer = (Coalescer(LoopLag(), options.coalesce_max_delay_ms / 1000, streams=lambda: len(self.registry))
+        self.coalescer = (MessageBudget(options.coalesce_max_delay_ms / 1000, options.coalesce_message_budget,
+                                        chunks=lambda: self.watchdog.progress, streams=lambda: len(self.registry))
                           if options.coalesce_max_delay_ms > 0 else None)
         self._loras: dict[str, LoraAdapterInfo] = {}
         self._lora_lock = asyncio.Lock()
@@ -199,7 +201,7 @@ class EngineService:
 
     async def start(self) -> None:
         if self.coalescer is not None:
-            self.coalescer.lag.start()
+            self.coalescer.start()
         await self.backend.start()
         if Feature.LORA in self.backend.features:
             for adapter in await self.backend.list_loras():
@@ -756,6 +758,6 @@ class EngineService:
             await asyncio.wait(set(self._cleanups), timeout=SHUTDOWN_ABORT_GRACE_S)
         await self.watchdog.stop()
         if self.coalescer is not None:
-            await self.coalescer.lag.stop()
+            await self.coalescer.stop()
 
 
