@@ -7,6 +7,7 @@ uncoalesced stream's, in fewer messages.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 
 import pytest
@@ -14,6 +15,7 @@ from helpers import collect, gen_request
 from stream_contract import check_generate_stream
 
 from openengine_adapters.core.coalescing import MessageBudget, coalesced, merge
+from openengine_adapters.server import add_server_args, plugin_server_config, server_config_from_args
 from openengine_adapters.v1 import generation_pb2 as g
 
 
@@ -194,23 +196,19 @@ def test_budget_sets_the_spacing_from_the_engine_chunk_rate():
 @pytest.mark.parametrize("outputs", [1, 3])
 async def test_end_to_end_same_tokens_fewer_messages(serve, monkeypatch, outputs):
     request = gen_request("hello", stopping={"max_tokens": 40}, sampling={"num_sequences": outputs, "seed": 7},
-                          response={"return_output_logprobs": True, "output_candidates": {"top_n": 2}})
-    slow = (("fake.step_delay_ms", "4"),)
+                          response={"return_output_logprobs": True, "output_candidates": {"top_n": 2}},
+                          metadata={"fake.step_delay_ms": "4"})
     async with serve({"coalesce_max_delay_ms": 0}) as h:
-        plain = check_generate_stream(request, await collect_with(h, request, slow))
+        plain = check_generate_stream(request, await collect(h.stub, request, timeout=30))
     async with serve({"coalesce_max_delay_ms": 30}) as h:
         monkeypatch.setattr(h.service.coalescer, "sample", lambda now: None)  # over the budget, as set:
         h.service.coalescer.spacing = 0.03
-        grouped = check_generate_stream(request, await collect_with(h, request, slow))
+        grouped = check_generate_stream(request, await collect(h.stub, request, timeout=30))
     assert grouped.token_ids == plain.token_ids and grouped.text == plain.text
     assert [[t.SerializeToString() for t in grouped.tokens[i]] for i in range(outputs)] == \
         [[t.SerializeToString() for t in plain.tokens[i]] for i in range(outputs)]
     assert grouped.usage == plain.usage
     assert grouped.messages < plain.messages * 0.6, (grouped.messages, plain.messages)
-
-
-async def collect_with(h, request, metadata):
-    return [r async for r in h.stub.Generate(request, metadata=metadata, timeout=30)]
 
 
 async def test_on_by_default_and_idle_under_the_budget(oe, serve):
@@ -225,13 +223,13 @@ async def test_streams_group_their_tokens_once_the_engine_outruns_the_budget(ser
     """Real sampling: eight streams of a 2 ms-per-step engine (~4,000 chunks/s) over a budget of
     200 messages/s: each stream's later messages carry several tokens, no token waits more than
     the 30 ms bound, and the stream contract holds."""
-    request = gen_request("hello", stopping={"max_tokens": 120})
+    request = gen_request("hello", stopping={"max_tokens": 120}, metadata={"fake.step_delay_ms": "2"})
     async with serve({"coalesce_max_delay_ms": 30, "coalesce_message_budget": 200}) as h:
         loop = asyncio.get_running_loop()
 
         async def one():
             arrivals = []
-            async for r in h.stub.Generate(request, metadata=(("fake.step_delay_ms", "2"),), timeout=30):
+            async for r in h.stub.Generate(request, timeout=30):
                 arrivals.append((loop.time(), r))
             return arrivals
 
@@ -244,3 +242,16 @@ async def test_streams_group_their_tokens_once_the_engine_outruns_the_budget(ser
         assert counts[0] == 1 and max(counts) > 3, counts
         gaps = [b - a for (a, _), (b, _) in zip(arrivals, arrivals[1:], strict=False)]
         assert max(gaps) < 0.3, max(gaps)
+
+
+def test_launchers_and_plugins_take_the_coalescing_settings(monkeypatch):
+    parser = argparse.ArgumentParser()
+    add_server_args(parser)
+    config = server_config_from_args(parser.parse_args(["--coalesce-max-delay-ms", "0",
+                                                        "--coalesce-message-budget", "2500"]))
+    assert (config.coalesce_max_delay_ms, config.coalesce_message_budget) == (0.0, 2500.0)
+    monkeypatch.setenv("OE_TEST_PORT", "0")
+    monkeypatch.setenv("OPENENGINE_COALESCE_MAX_DELAY_MS", "35")
+    monkeypatch.setenv("OPENENGINE_COALESCE_MESSAGE_BUDGET", "4000")
+    config = plugin_server_config("OE_TEST_PORT", "OE_TEST_HOST", "OE_TEST_MAX")
+    assert (config.coalesce_max_delay_ms, config.coalesce_message_budget) == (35.0, 4000.0)
