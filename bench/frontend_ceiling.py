@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 
-from streaming import OURS, ROOT, Stream, Target, closer, parser, run, start_server
+from streaming import OURS, PROMPT_IDS, ROOT, Stream, Target, closer, parser, run, start_server
 
 SERVER = """
 import sys, uvloop
@@ -36,14 +36,15 @@ def fake_target(name: str, step_ms: float):
         import grpc
 
         from openengine_adapters.v1 import generation_pb2 as g
-        from openengine_adapters.v1 import openengine_pb2_grpc
+        from openengine_adapters.v1 import input_pb2, openengine_pb2_grpc
 
         proc, reader, ready = await start_server(
             ["-c", SERVER.format(tests=str(ROOT / "tests")), *OURS[name], "--host", "127.0.0.1", "--port", "0"],
             r"ready on .*:(\d+)")
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{ready.group(1)}")
         stub = openengine_pb2_grpc.OpenEngineStub(channel)
-        request = g.GenerateRequest(prompt="hello", stopping=g.StoppingOptions(max_tokens=tokens, ignore_eos=True),
+        request = g.GenerateRequest(token_ids=input_pb2.TokenIds(ids=[i % 128 for i in PROMPT_IDS]),  # its vocabulary
+                                    stopping=g.StoppingOptions(max_tokens=tokens, ignore_eos=True),
                                     metadata={"fake.step_delay_ms": str(step_ms)})
 
         async def one():

@@ -19,3 +19,13 @@ def test_streaming_bench_smoke():
     rows = [line.split() for line in table.splitlines() if line.startswith(("limit ", "ours "))]
     assert {(r[0], r[1]) for r in rows} == {("limit", "1"), ("limit", "4"), ("ours", "1"), ("ours", "4")}, table
     assert all(float(r[2]) > 0 for r in rows), table  # tokens/s
+
+
+def test_frontend_ceiling_bench_smoke():
+    """bench/frontend_ceiling.py --smoke (the fake engine; uvloop comes with vLLM)."""
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "frontend_ceiling.py"), "--smoke"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300, env={**os.environ})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = [line.split() for line in run.stdout.splitlines() if line.startswith("ours ")]
+    assert {(r[0], r[1]) for r in rows} == {("ours", "1"), ("ours", "4")}, run.stdout
+    assert all(float(r[2]) > 0 for r in rows), run.stdout
