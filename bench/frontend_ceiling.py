@@ -16,9 +16,7 @@ tokens/s here is the front end's ceiling, and serving CPU per token what a token
 
 from __future__ import annotations
 
-import time
-
-from streaming import OURS, PROMPT_IDS, ROOT, Stream, Target, closer, parser, run, start_server
+from streaming import OURS, ROOT, Target, openengine_target, parser, run
 
 SERVER = """
 import sys, uvloop
@@ -33,28 +31,9 @@ uvloop.run(run(FakeBackend(), server_config_from_args(p.parse_args())))
 
 def fake_target(name: str, step_ms: float):
     async def make(flags: list[str], tokens: int) -> Target:
-        import grpc
-
-        from openengine_adapters.v1 import generation_pb2 as g
-        from openengine_adapters.v1 import input_pb2, openengine_pb2_grpc
-
-        proc, reader, ready = await start_server(
-            ["-c", SERVER.format(tests=str(ROOT / "tests")), *OURS[name], "--host", "127.0.0.1", "--port", "0"],
-            r"ready on .*:(\d+)")
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{ready.group(1)}")
-        stub = openengine_pb2_grpc.OpenEngineStub(channel)
-        request = g.GenerateRequest(token_ids=input_pb2.TokenIds(ids=[i % 128 for i in PROMPT_IDS]),  # its vocabulary
-                                    stopping=g.StoppingOptions(max_tokens=tokens, ignore_eos=True),
-                                    metadata={"fake.step_delay_ms": str(step_ms)})
-
-        async def one():
-            s = Stream(time.perf_counter())
-            async for resp in stub.Generate(request):
-                if resp.HasField("token"):
-                    s.got(len(resp.token.tokens))
-            return s
-
-        return Target(name, one, proc.pid, closer(proc, reader, channel))
+        server = ["-c", SERVER.format(tests=str(ROOT / "tests"))]
+        return await openengine_target("fake", flags, tokens, name, server=server,
+                                       metadata={"fake.step_delay_ms": str(step_ms)}, vocabulary=128)
     return make
 
 

@@ -142,8 +142,12 @@ def closer(proc, reader, channel):
 OURS = {"ours": [], "ours-nocoal": ["--coalesce-max-delay-ms", "0"], "ours-grouped": ["--coalesce-message-budget", "1"]}
 
 
-async def openengine_target(engine: str, flags: list[str], tokens: int, name: str = "ours") -> Target:
-    """Our sidecar as ``name`` (a key of ``OURS``) plus $OPENENGINE_BENCH_OURS_FLAGS if set."""
+async def openengine_target(engine: str, flags: list[str], tokens: int, name: str = "ours", *,
+                            server: list[str] | None = None, metadata: dict[str, str] | None = None,
+                            vocabulary: int | None = None) -> Target:
+    """Our sidecar as ``name`` (a key of ``OURS``) plus $OPENENGINE_BENCH_OURS_FLAGS if set;
+    ``server`` replaces ``-m openengine_adapters.<engine>``, ``metadata`` goes in every request,
+    and the prompt's ids are taken modulo ``vocabulary`` when given."""
     import grpc
 
     from openengine_adapters.v1 import generation_pb2 as g
@@ -151,13 +155,13 @@ async def openengine_target(engine: str, flags: list[str], tokens: int, name: st
 
     ours = OURS[name] + shlex.split(os.environ.get("OPENENGINE_BENCH_OURS_FLAGS", ""))
     proc, reader, ready = await start_server(  # port 0: the engine's own sockets may take a pre-picked port
-        ["-m", f"openengine_adapters.{engine}", *flags, *ours, "--host", "127.0.0.1", "--port", "0"],
+        [*(server or ["-m", f"openengine_adapters.{engine}"]), *flags, *ours, "--host", "127.0.0.1", "--port", "0"],
         r"ready on .*:(\d+)")
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{ready.group(1)}")
     stub = openengine_pb2_grpc.OpenEngineStub(channel)
-    request = g.GenerateRequest(token_ids=input_pb2.TokenIds(ids=PROMPT_IDS),
-                                sampling=g.SamplingParams(temperature=0.0),
-                                stopping=g.StoppingOptions(max_tokens=tokens, ignore_eos=True))
+    ids = PROMPT_IDS if vocabulary is None else [i % vocabulary for i in PROMPT_IDS]
+    request = g.GenerateRequest(token_ids=input_pb2.TokenIds(ids=ids), sampling=g.SamplingParams(temperature=0.0),
+                                stopping=g.StoppingOptions(max_tokens=tokens, ignore_eos=True), metadata=metadata)
 
     async def one():
         s = Stream(time.perf_counter())
