@@ -7,6 +7,7 @@ import contextlib
 import inspect
 import os
 import pathlib
+import random
 import signal
 import socket
 import subprocess
@@ -19,11 +20,29 @@ from openengine_adapters.server import OpenEngineServer, ServerConfig
 from openengine_adapters.v1 import error_pb2, generation_pb2, openengine_pb2_grpc
 
 
+def _ephemeral_floor() -> int:
+    try:
+        return int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A loopback port free right now (a child process may still race for it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free right now, chosen below the kernel's ephemeral range: a port the kernel
+    hands out for ``bind(0)`` can be handed out again to the engine (vLLM's ``get_open_port``,
+    torch.distributed) in the seconds before our child binds it; one below the range is only taken
+    by someone asking for it by number."""
+    floor = _ephemeral_floor()
+    low = max(1024, floor - 12000)
+    for _ in range(200):
+        port = random.randrange(low, floor)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in {low}-{floor - 1}")
 
 
 def gen_request(prompt: str = "hi", **kw) -> generation_pb2.GenerateRequest:

@@ -28,6 +28,7 @@ except ImportError:  # the engine-free suite: its launchers start no engine proc
 
 ROOT = Path(__file__).resolve().parents[1]
 READY = re.compile(r"ready on .*:(\d+)$")
+METRICS = re.compile(r"Prometheus metrics on (http://\S+/metrics)")
 
 
 def readme_command(engine: str) -> list[str]:
@@ -192,6 +193,13 @@ async def start_server(argv: list[str], *, env: dict[str, str] | None = None, li
         assert line, f"{argv[1:4]} exited before it was ready:\n" + "".join(lines[-40:])
         if m := READY.search(line.rstrip("\n")):
             return proc, int(m.group(1)), lines
+
+
+def metrics_url(lines: list[str]) -> str:
+    """The metrics endpoint a server started with ``--metrics-port 0`` logged before its ready line."""
+    urls = [m.group(1) for line in lines if (m := METRICS.search(line))]
+    assert urls, "no metrics endpoint in the server's start-up output"
+    return urls[-1]
 
 
 async def stop_server(proc, timeout: float) -> int | None:

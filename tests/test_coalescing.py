@@ -14,7 +14,7 @@ import pytest
 from helpers import collect, gen_request
 from stream_contract import check_generate_stream
 
-from openengine_adapters.core.coalescing import MessageBudget, coalesced, merge
+from openengine_adapters.core.coalescing import MIN_TICK_S, MessageBudget, coalesced, merge
 from openengine_adapters.server import add_server_args, plugin_server_config, server_config_from_args
 from openengine_adapters.v1 import generation_pb2 as g
 
@@ -191,6 +191,10 @@ def test_budget_sets_the_spacing_from_the_engine_chunk_rate():
     assert policy.spacing == 0.02
     policy.sample(0.4)  # the engine went quiet: at once again
     assert policy.spacing == 0.0
+    counts["streams"] = 2  # two streams alone over the budget: 2/5000 s would tick 2,500 times a second
+    counts["chunks"] += 1200
+    policy.sample(0.5)
+    assert policy.rate > 5000 and policy.spacing == MIN_TICK_S
 
 
 @pytest.mark.parametrize("outputs", [1, 3])

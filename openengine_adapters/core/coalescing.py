@@ -12,7 +12,8 @@ The policy is a message budget (``MessageBudget``, one per server):
   is held, and every delta goes out at once, exactly as without coalescing;
 - above it, each stream sends at most one token message per ``spacing`` = streams in flight /
   budget (so all streams together stay near the budget), never more than ``max_delay_s``: the
-  bound on the extra delay any token sees;
+  bound on the extra delay any token sees, and never less than ``MIN_TICK_S``, so a few very
+  fast streams cannot make the timer wake the loop thousands of times a second;
 - a finish, an error, a prefill handoff, the prompt event and the first token of each output are
   never held: they flush what is pending and go out at once;
 - while a stream waits for its next send time, a reader task keeps taking the engine's chunks, so
@@ -34,6 +35,8 @@ from collections.abc import AsyncIterator, Callable
 from openengine_adapters.v1 import generation_pb2
 
 GenerateResponse = generation_pb2.GenerateResponse
+
+MIN_TICK_S = 0.001  # the shortest spacing: 1,000 ticks/s at most, whatever the streams and budget
 
 
 class MessageBudget:
@@ -68,7 +71,7 @@ class MessageBudget:
         if self.rate <= self.budget_per_s:
             self.spacing = 0.0
         else:
-            self.spacing = min(self.max_delay_s, self.streams() / self.budget_per_s)
+            self.spacing = min(self.max_delay_s, max(MIN_TICK_S, self.streams() / self.budget_per_s))
 
     def wait_for_tick(self, flush: asyncio.Event) -> None:
         """Set ``flush`` at the next tick (or at once when nothing is held any more)."""

@@ -9,7 +9,8 @@ import urllib.request
 import grpc
 import pytest
 from conftest import CPU_FLAGS
-from helpers import free_port, gen_request
+from helpers import gen_request
+from launch_helpers import metrics_url
 from sidecar import drain_output, launch, stop
 
 from openengine_adapters.v1 import openengine_pb2_grpc
@@ -18,9 +19,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 async def test_sidecar_serves_sglang_and_openengine_metrics(model_dir):
-    port = free_port()
     proc, target, lines = await launch("--model-path", str(model_dir), "--served-model-name", "tiny", *CPU_FLAGS,
-                                       "--enable-metrics", "--metrics-port", str(port))
+                                       "--enable-metrics", "--metrics-port", "0")
     reader = asyncio.ensure_future(drain_output(proc, lines))
     try:
         async with grpc.aio.insecure_channel(target) as channel:
@@ -28,7 +28,7 @@ async def test_sidecar_serves_sglang_and_openengine_metrics(model_dir):
             [r async for r in stub.Generate(gen_request("the cat", stopping={"max_tokens": 4, "ignore_eos": True}),
                                             timeout=120)]
         text = await asyncio.to_thread(
-            lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode())
+            lambda: urllib.request.urlopen(metrics_url(lines), timeout=10).read().decode())
         assert "sglang:" in text, "SGLang's own metrics are served"
         assert "openengine_generated_tokens_total 4.0" in text
         samples = [line.rsplit(" ", 1)[0] for line in text.splitlines() if line and not line.startswith("#")]
