@@ -11,7 +11,16 @@ import pytest
 from fake_backend import FakeBackend
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from helpers import collect, fake_fails_to_start, gen_request, outcome, serve_backend, start_fake, stop_fake
+from helpers import (
+    collect,
+    fake_fails_to_start,
+    gen_request,
+    outcome,
+    refused_stream_requests,
+    serve_backend,
+    start_fake,
+    stop_fake,
+)
 
 from openengine_adapters.errors import ERROR_TRAILER
 from openengine_adapters.security.channel import open_channel
@@ -80,7 +89,7 @@ async def test_every_rpc_needs_a_configured_key_and_refusals_carry_each_surfaces
         reply = await health_pb2_grpc.HealthStub(h.channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
         reflect = reflection_pb2_grpc.ServerReflectionStub(h.channel).ServerReflectionInfo(
-            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
+            refused_stream_requests(), timeout=5)
         assert (await outcome(reflect))[0] == UNAUTHENTICATED
 
 
@@ -154,8 +163,9 @@ async def test_key_file_and_environment_variable_and_start_up_report(tmp_path, m
 async def test_no_reflection_turns_reflection_off():
     for enabled in (True, False):
         async with serve_backend(FakeBackend(), {"security": {"reflection": enabled}}) as h:
-            call = reflection_pb2_grpc.ServerReflectionStub(h.channel).ServerReflectionInfo(
-                iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
+            requests = (iter([reflection_pb2.ServerReflectionRequest(list_services="")]) if enabled
+                        else refused_stream_requests())
+            call = reflection_pb2_grpc.ServerReflectionStub(h.channel).ServerReflectionInfo(requests, timeout=5)
             code, _ = await outcome(call)
             assert code == (grpc.StatusCode.OK if enabled else grpc.StatusCode.UNIMPLEMENTED)
 

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import grpc
-from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from helpers import SERVE_FAKE, eventually, gen_request, outcome, start_fake, stop_fake
+from grpc_reflection.v1alpha import reflection_pb2_grpc
+from helpers import SERVE_FAKE, eventually, gen_request, outcome, refused_stream_requests, start_fake, stop_fake
 from pki import make_ca
 
 from openengine_adapters.errors import ERROR_TRAILER
@@ -67,7 +67,7 @@ async def test_serve_fake_with_tls_keys_no_reflection_a_lora_root_and_limits(tmp
             load = await stub.GetLoad(observability_pb2.GetLoadRequest(), timeout=5)
             assert load.instance_id == "fake-7"
             reflect = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
-                iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
+                refused_stream_requests(), timeout=5)
             assert (await outcome(reflect))[0] == grpc.StatusCode.UNIMPLEMENTED
             # --max-in-flight 1: a second stream is refused while the first runs
             first = stub.Generate(gen_request("hi", metadata={"fake.step_delay_ms": "50"},
