@@ -173,7 +173,6 @@ async def openengine_target(engine: str, flags: list[str], tokens: int, name: st
     return Target(name, one, proc.pid, closer(proc, reader, channel))
 
 
-
 def ours_makers(engine: str) -> dict:
     """A target maker per way of running our sidecar (``OURS``), for a bench's MAKERS."""
     def maker(name: str):

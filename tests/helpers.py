@@ -9,12 +9,12 @@ import os
 import pathlib
 import random
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 
 import grpc
+from launch_helpers import port_is_free, start_server
 
 from openengine_adapters.errors import ERROR_TRAILER
 from openengine_adapters.server import OpenEngineServer, ServerConfig
@@ -37,11 +37,7 @@ def free_port() -> int:
     low = max(1024, floor - 12000)
     for _ in range(200):
         port = random.randrange(low, floor)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
+        if port_is_free(port):
             return port
     raise RuntimeError(f"no free loopback port in {low}-{floor - 1}")
 
@@ -168,8 +164,6 @@ SERVE_FAKE = pathlib.Path(__file__).with_name("serve_fake.py")
 
 async def start_fake(*args: str) -> tuple[asyncio.subprocess.Process, int, list[str]]:
     """tests/serve_fake.py as a process; returns it, its port and the log lines before 'ready'."""
-    from launch_helpers import start_server
-
     proc, port, lines = await start_server(
         [sys.executable, str(SERVE_FAKE), "--host", "127.0.0.1", "--port", "0", "--drain-grace-s", "0.5", *args],
         line_timeout=30)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import urllib.request
@@ -12,6 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 from helpers import gen_request
+from launch_helpers import METRICS, READY
 
 from openengine_adapters.v1 import openengine_pb2_grpc
 
@@ -25,14 +25,14 @@ def sidecar():
                              "--port", "0", "--metrics-port", "0", "--drain-grace-s", "1",
                              "--coalesce-max-delay-ms", "20"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, text=True)
-    ready = re.search(r"ready on .*:(\d+)", proc.stdout.readline())
+    ready = READY.search(proc.stdout.readline())
     metrics = None
     for line in proc.stderr:
-        if m := re.search(r"Prometheus metrics on http://[^:]+:(\d+)/metrics", line):
-            metrics = int(m.group(1))
+        if m := METRICS.search(line):
+            metrics = m.group(1)
             break
     assert ready and metrics, "sidecar did not start"
-    yield f"127.0.0.1:{ready.group(1)}", f"http://127.0.0.1:{metrics}/metrics"
+    yield f"127.0.0.1:{ready.group(1)}", metrics
     proc.terminate()
     proc.wait(15)
 

@@ -2,18 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from launch_helpers import bench_smoke
 
 
 def test_streaming_bench_smoke():
-    run = subprocess.run([sys.executable, str(ROOT / "bench" / "sglang_streaming.py"), "--smoke"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=900, env={**os.environ})
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    rows = [line.split() for line in run.stdout.splitlines() if line.startswith(("limit ", "ours "))]
-    assert {(r[0], r[1]) for r in rows} == {("limit", "1"), ("limit", "4"), ("ours", "1"), ("ours", "4")}, run.stdout
-    assert all(float(r[2]) > 0 for r in rows), run.stdout
+    table, rows = bench_smoke("sglang_streaming.py", timeout=900)
+    assert {(r[0], r[1]) for r in rows} == {("limit", "1"), ("limit", "4"), ("ours", "1"), ("ours", "4")}, table
