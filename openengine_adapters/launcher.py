@@ -109,12 +109,12 @@ def early_server_args(argv: Sequence[str]) -> argparse.Namespace | None:
     the command line asks for help (or these flags do not parse: the full parser will say why)."""
     if any(a in ("-h", "--help") or a.startswith("--help=") for a in argv):
         return None
-    from openengine_adapters.server import ServerConfig
+    from openengine_adapters.server import ServerConfig, setting
 
     d = ServerConfig()
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
     p.add_argument("--host", default=d.host)
-    p.add_argument("--port", type=int, default=d.port)
+    p.add_argument("--port", type=setting("port"), default=d.port)
     p.add_argument("--reuse-port", action="store_true")
     normalised = [("--" + a[2:].split("=", 1)[0].replace("_", "-") + a[len(a.split("=", 1)[0]):])
                   if a.startswith("--") else a for a in argv]

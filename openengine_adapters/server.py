@@ -15,11 +15,12 @@ import logging
 import os
 import signal
 import socket
+from typing import Annotated
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from openengine_adapters.backend import EngineBackend
 from openengine_adapters.core.service import EngineService, ServiceOptions
@@ -102,11 +103,31 @@ def resolve_advertise_host(bind_host: str, flag: str | None) -> str:
     return address if address and address not in WILDCARD_HOSTS else "127.0.0.1"
 
 
+def setting(name: str):
+    """The argparse ``type`` of the flag of ``ServerConfig.<name>``: the field's own bounds, checked
+    as the command line is parsed, so a bad value ends the launcher at once with the flag and the
+    rule, not after the engine has loaded."""
+    field = ServerConfig.model_fields[name]
+    adapter = TypeAdapter(Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation)
+
+    def convert(text: str):
+        try:
+            return adapter.validate_python(text)
+        except ValidationError as exc:
+            raise argparse.ArgumentTypeError(f"{exc.errors()[0]['msg'].lower()} (got {text!r})") from None
+    return convert
+
+
 def add_server_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("OpenEngine server")
     d = ServerConfig()
+
+    def numeric(flag: str, help: str) -> None:  # a ServerConfig field's flag: its default and its bounds
+        name = flag[2:].replace("-", "_")
+        group.add_argument(flag, type=setting(name), default=getattr(d, name), help=help)
+
     group.add_argument("--host", default=d.host, help="address to bind the gRPC server to")
-    group.add_argument("--port", type=int, default=d.port, help="gRPC port (0 picks a free one)")
+    numeric("--port", "gRPC port (0 picks a free one)")
     group.add_argument("--reuse-port", action="store_true",
                        help="set SO_REUSEPORT so several servers share the port (off: a busy port is an error, "
                             "found before the engine starts)")
@@ -114,41 +135,33 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                        help=f"host published in discovery responses (else ${ADVERTISE_HOST_ENV}, "
                             "else auto-detected for wildcard binds)")
     group.add_argument("--instance-id", default="", help="stable id reported in EngineInfo/LoadInfo")
-    group.add_argument("--max-in-flight", type=int, default=None,
-                       help="admission limit; beyond it calls get RESOURCE_EXHAUSTED")
-    group.add_argument("--retry-after-ms", type=int, default=d.retry_after_ms,
-                       help="retry hint sent with RESOURCE_EXHAUSTED")
-    group.add_argument("--drain-grace-s", type=float, default=d.drain_grace_s,
-                       help="on SIGTERM, how long running requests may finish before abort")
-    group.add_argument("--health-interval-s", type=float, default=d.health_interval_s,
-                       help="how often grpc.health.v1 is refreshed from the engine")
-    group.add_argument("--coalesce-max-delay-ms", type=float, default=d.coalesce_max_delay_ms,
-                       help="adaptive coalescing: above the message budget a stream's token deltas may wait at "
-                            "most this long to share one message (first tokens and finishes never wait); 0 = off")
-    group.add_argument("--coalesce-message-budget", type=float, default=d.coalesce_message_budget,
-                       help="token messages per second, over all streams, that the server sends one per engine "
-                            "step before it starts grouping")
-    group.add_argument("--metrics-port", type=int, default=None,
-                       help="serve Prometheus metrics (the engine's and ours) on this HTTP port")
-    group.add_argument("--max-subscriptions", type=int, default=d.max_subscriptions,
-                       help="open KV and runtime event subscriptions at once; beyond it RESOURCE_EXHAUSTED "
-                            "with the retry hint")
-    group.add_argument("--keepalive-time-s", type=float, default=d.keepalive_time_s,
-                       help="ping a connection that sent nothing for this long; 0 = gRPC's default (2 h)")
-    group.add_argument("--keepalive-timeout-s", type=float, default=d.keepalive_timeout_s,
-                       help="close the connection (and end its streams) when a ping is not answered within this")
-    group.add_argument("--keepalive-min-client-interval-s", type=float, default=d.keepalive_min_client_interval_s,
-                       help="clients may send keepalive pings this often, with or without calls (more often: GOAWAY)")
-    group.add_argument("--max-connection-idle-s", type=float, default=d.max_connection_idle_s,
-                       help="close a connection with no RPC for this long (clients reconnect); 0 = never")
-    group.add_argument("--max-connection-age-s", type=float, default=d.max_connection_age_s,
-                       help="close every connection after this long, streams given --drain-grace-s; 0 = never")
-    group.add_argument("--stall-timeout-s", type=float, default=d.stall_timeout_s,
-                       help="end a Generate or subscription whose client has not taken a message for this long, "
-                            "freeing its engine request and admission slot; 0 = never")
-    group.add_argument("--progress-timeout-s", type=float, default=d.progress_timeout_s,
-                       help="work pending and no engine progress for this long: Health NOT_READY and every open "
-                            "stream ends with a retryable error; 0 = never")
+    numeric("--max-in-flight", "admission limit; beyond it calls get RESOURCE_EXHAUSTED")
+    numeric("--retry-after-ms", "retry hint sent with RESOURCE_EXHAUSTED")
+    numeric("--drain-grace-s", "on SIGTERM, how long running requests may finish before abort")
+    numeric("--health-interval-s", "how often grpc.health.v1 is refreshed from the engine")
+    numeric("--coalesce-max-delay-ms",
+            "adaptive coalescing: above the message budget a stream's token deltas may wait at most this long "
+            "to share one message (first tokens and finishes never wait); 0 = off")
+    numeric("--coalesce-message-budget",
+            "token messages per second, over all streams, that the server sends one per engine step before it "
+            "starts grouping")
+    numeric("--metrics-port", "serve Prometheus metrics (the engine's and ours) on this HTTP port")
+    numeric("--max-subscriptions",
+            "open KV and runtime event subscriptions at once; beyond it RESOURCE_EXHAUSTED with the retry hint")
+    numeric("--keepalive-time-s", "ping a connection that sent nothing for this long; 0 = gRPC's default (2 h)")
+    numeric("--keepalive-timeout-s",
+            "close the connection (and end its streams) when a ping is not answered within this")
+    numeric("--keepalive-min-client-interval-s",
+            "clients may send keepalive pings this often, with or without calls (more often: GOAWAY)")
+    numeric("--max-connection-idle-s", "close a connection with no RPC for this long (clients reconnect); 0 = never")
+    numeric("--max-connection-age-s",
+            "close every connection after this long, streams given --drain-grace-s; 0 = never")
+    numeric("--stall-timeout-s",
+            "end a Generate or subscription whose client has not taken a message for this long, freeing its "
+            "engine request and admission slot; 0 = never")
+    numeric("--progress-timeout-s",
+            "work pending and no engine progress for this long: Health NOT_READY and every open stream ends "
+            "with a retryable error; 0 = never")
     group.add_argument("--surfaces", default="both",
                        help="contract surfaces to serve on the port: revision-1 (openengine.v1.OpenEngine), "
                             "v0.1.0 (openengine.v1.Inference + Control), or both (default)")

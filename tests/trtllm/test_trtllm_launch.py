@@ -1,6 +1,7 @@
 """``python -m openengine_adapters.trtllm`` as a user runs it (issue 17): a busy port fails before the
 engine is touched, SO_REUSEPORT only when asked, a second Ctrl-C aborts the drain, ``--help`` shows
-our flags first, ``--version`` names every release, a missing model path is said as such. The
+our flags first, ``--version`` names every release, a missing model path is said as such, a server
+flag out of its bounds is refused as the command line is read. The
 engine is the tests' fake of TensorRT-LLM, installed as ``tensorrt_llm`` for the subprocess."""
 
 from __future__ import annotations
@@ -127,3 +128,22 @@ def test_missing_model_path_is_said_before_the_engine_starts():
     assert code == 1, (out, err)
     assert stderr_lines(err) == ["error: model /no/such/model: no such file or directory (a local model path must "
                                  "exist; a hub model is named ORG/NAME)"], err
+
+
+@pytest.mark.parametrize("flag, value, rule", [
+    ("--coalesce-message-budget", "0", "input should be greater than 0"),
+    ("--coalesce-max-delay-ms", "-1", "input should be greater than or equal to 0"),
+    ("--port", "70000", "input should be less than or equal to 65535"),
+    ("--max-in-flight", "1.5", "input should be a valid integer, unable to parse string as an integer"),
+    ("--stall-timeout-s", "soon", "input should be a valid number, unable to parse string as a number"),
+])
+def test_a_server_flag_out_of_its_bounds_is_refused_as_the_command_line_is_read(flag, value, rule):
+    """The bounds of the server's settings are checked by the argument parser (exit 2, the flag and
+    the rule), not after the engine has loaded (nor, for --port, by a traceback from the early port
+    check); tensorrt_llm is not installed here."""
+    free = [] if flag == "--port" else ["--port", "0"]  # no clash with a server on the default port
+    code, out, err, seconds = run_quick([*LAUNCHER, MODEL, *free, flag, value])
+    assert code == 2, (out, err)
+    assert stderr_lines(err)[-1] == (f"python -m openengine_adapters.trtllm: error: argument {flag}: {rule} "
+                                     f"(got '{value}')"), err
+    assert seconds < 10, seconds
