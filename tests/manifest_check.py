@@ -1,4 +1,4 @@
-"""Compare what a running server advertises in GetModelInfo with manifests/<engine>/manifest.json
+"""Compare what a running server advertises in GetModelInfo with adapters/<engine>/manifest.json
 (shared by the real-engine suites: tests/vllm, tests/sglang)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from openengine_adapters.v1 import model_pb2, tasks_pb2
 
-MANIFESTS = Path(__file__).resolve().parents[1] / "manifests"
+MANIFESTS = Path(__file__).resolve().parents[1] / "adapters"
 
 
 def manifest(engine: str) -> dict:

