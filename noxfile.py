@@ -98,8 +98,10 @@ def mutation(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
+    """ruff, and the import rules of DESIGN.md (no cycle, no upward import, no private reached into)."""
     session.install("ruff>=0.6")
     session.run("ruff", "check", "openengine_adapters", "conformance", "tests", "tools", "bench", "noxfile.py")
+    session.run("python", "tools/import_graph.py")
 
 
 @nox.session
