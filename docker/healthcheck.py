@@ -2,7 +2,9 @@
 """The images' HEALTHCHECK (installed as /usr/local/bin/openengine-healthcheck).
 
 Asks the container's OpenEngine server ``grpc.health.v1.Health/Check`` (the overall service "")
-and exits 0 only for SERVING. Target: ``$OPENENGINE_HEALTHCHECK_TARGET`` when set; in plugin mode
+and exits 0 only for SERVING. ``openengine-healthcheck --alive`` (a liveness probe) exits 0 for any
+answer, NOT_SERVING included: a draining server or a hung engine is out of rotation (readiness),
+not a reason to restart the container; a dead engine ends the process itself. Target: ``$OPENENGINE_HEALTHCHECK_TARGET`` when set; in plugin mode
 127.0.0.1:``$OPENENGINE_GRPC_PORT``; else the ``--host``/``--port`` the sidecar was started with
 (read from the container's first process), default 127.0.0.1:50051.
 
@@ -84,7 +86,7 @@ def main() -> int:
         return 1
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
     print(f"{where}: {status}")
-    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
+    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING or "--alive" in sys.argv[1:] else 1
 
 
 if __name__ == "__main__":

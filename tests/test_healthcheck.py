@@ -1,6 +1,6 @@
-"""The images' health check (docker/healthcheck.py, Kubernetes' exec probe of a TLS deployment)
-against the fake server serving TLS and mTLS: SERVING only when it trusts the server's CA and,
-under mTLS, shows a client certificate."""
+"""The images' health check (docker/healthcheck.py, Kubernetes' exec probes) against the fake
+server: over TLS and mTLS, SERVING only when it trusts the server's CA and, under mTLS, shows a
+client certificate; ``--alive`` (liveness) passes a draining server that readiness fails."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ import sys
 from helpers import start_fake, stop_fake
 from pki import make_ca
 
+from openengine_adapters.v1 import lifecycle_pb2
+
 HEALTHCHECK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docker", "healthcheck.py")
 
 
-async def check(port: int, **env: str) -> tuple[int, str]:
+async def check(port: int, *args: str, **env: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, HEALTHCHECK, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        sys.executable, HEALTHCHECK, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         env={**os.environ, "OPENENGINE_HEALTHCHECK_TARGET": f"127.0.0.1:{port}", **env})
     out, _ = await asyncio.wait_for(proc.communicate(), 30)
     return proc.returncode, out.decode()
@@ -44,3 +46,11 @@ async def test_healthcheck_speaks_tls_and_mtls(tmp_path):
                            OPENENGINE_HEALTHCHECK_KEY_FILE=client.key) == (0, f"127.0.0.1:{port}: SERVING\n")
     finally:
         await stop_fake(proc)
+
+
+async def test_alive_passes_a_server_out_of_rotation(oe):
+    port = oe.server.port
+    assert await check(port) == (0, f"127.0.0.1:{port}: SERVING\n")
+    [r async for r in oe.stub.Drain(lifecycle_pb2.DrainRequest(stop_accepting_new_requests=True), timeout=10)]
+    assert await check(port) == (1, f"127.0.0.1:{port}: NOT_SERVING\n"), "readiness: out of rotation"
+    assert await check(port, "--alive") == (0, f"127.0.0.1:{port}: NOT_SERVING\n"), "liveness: still alive"
