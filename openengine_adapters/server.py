@@ -33,6 +33,7 @@ from openengine_adapters.security.config import (
     security_from_env,
 )
 from openengine_adapters.security.serving import ServerSecurity
+from openengine_adapters.tracing import endpoint_flag, tracing_from
 from openengine_adapters.validation.kv import WILDCARD_HOSTS
 from openengine_adapters.wire import revision1, v0_1
 
@@ -83,6 +84,8 @@ class ServerConfig(BaseModel):
     metrics: bool = False  # our Prometheus metrics in the default registry (the engine's /metrics in plugin mode)
     metrics_port: int | None = Field(None, ge=0, le=65535)  # a sidecar serves that registry here
     security: SecurityConfig = SecurityConfig()  # TLS, keys, operator policy, reflection, LoRA root
+    # OpenTelemetry spans per RPC over OTLP/gRPC (openengine_adapters.tracing); None: the OTEL_* variables
+    otlp_traces_endpoint: str | None = None
     reuse_port: bool = False  # SO_REUSEPORT: off, so a second server on a busy port fails instead of sharing it
 
 
@@ -165,6 +168,10 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--surfaces", default="both",
                        help="contract surfaces to serve on the port: revision-1 (openengine.v1.OpenEngine), "
                             "v0.1.0 (openengine.v1.Inference + Control), or both (default)")
+    if "--otlp-traces-endpoint" not in parser._option_string_actions:  # vLLM's and SGLang's own: one flag for both
+        group.add_argument("--otlp-traces-endpoint", type=endpoint_flag, default=None,
+                           help="export an OpenTelemetry span per RPC to this OTLP/gRPC collector (the otel extra; "
+                                "else $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT), the child of the caller's traceparent")
     add_security_args(parser)
 
 
@@ -198,7 +205,7 @@ def server_config_from_args(ns: argparse.Namespace) -> ServerConfig:
         max_in_flight=ns.max_in_flight, health_interval_s=ns.health_interval_s,
         surfaces=parse_surfaces(ns.surfaces),
         security=security_from_args(ns), metrics=ns.metrics_port is not None, metrics_port=ns.metrics_port,
-        reuse_port=getattr(ns, "reuse_port", False),
+        reuse_port=getattr(ns, "reuse_port", False), otlp_traces_endpoint=getattr(ns, "otlp_traces_endpoint", None),
         **{name: getattr(ns, name) for name in NUMERIC_SETTINGS},
     )
 
@@ -308,7 +315,9 @@ class OpenEngineServer:
         limit = config.max_message_mb * 1024 * 1024
         self.security = ServerSecurity(config.security)
         self.metrics = ServerMetrics(self.service) if config.metrics else None
-        interceptors = ([self.metrics.interceptor] if self.metrics else []) + [self.security.interceptor]
+        self.tracing = tracing_from(config.otlp_traces_endpoint)
+        interceptors = ([self.tracing.interceptor] if self.tracing else []) + \
+            ([self.metrics.interceptor] if self.metrics else []) + [self.security.interceptor]
         self.grpc_server = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.max_send_message_length", limit),
             ("grpc.max_receive_message_length", limit),
@@ -394,7 +403,11 @@ class OpenEngineServer:
                     self._monitor.cancel()
                 await self.grpc_server.stop(1.0)
             finally:
-                await self.service.backend.shutdown()
+                try:
+                    await self.service.backend.shutdown()
+                finally:
+                    if self.tracing is not None:  # the spans still buffered are exported
+                        await asyncio.to_thread(self.tracing.shutdown)
 
     async def wait(self) -> None:
         await self.grpc_server.wait_for_termination()

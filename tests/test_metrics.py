@@ -60,3 +60,19 @@ async def test_metrics_count_requests_tokens_and_refusals(sidecar):
     assert m["openengine_admitted_requests"] == 0 and m["openengine_draining"] == 0
     assert "openengine_coalesced_messages_total" in m
     assert any(k.startswith("process_cpu_seconds_total") for k in m), "the process's own metrics are served too"
+
+
+async def test_grafana_dashboard_reads_only_metrics_the_server_serves(sidecar):
+    """deploy/grafana/openengine-dashboard.json: every openengine_* series it queries is served."""
+    import json
+    import re
+
+    async with grpc.aio.insecure_channel(sidecar[0]) as channel:  # labelled series appear once used
+        [r async for r in openengine_pb2_grpc.OpenEngineStub(channel).Generate(gen_request("hi"))]
+
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "openengine-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    queried = {name for e in exprs for name in re.findall(r"\bopenengine_[a-z_]+", e)}
+    served = {re.split(r"[{ ]", line)[0] for line in urllib.request.urlopen(sidecar[1], timeout=10).read().decode()
+              .splitlines() if line.startswith("openengine_")}
+    assert len(queried) >= 8 and queried <= served, f"not served: {queried - served}"

@@ -53,6 +53,7 @@ from openengine_adapters.messages import model as model_messages
 from openengine_adapters.messages import observability as observability_messages
 from openengine_adapters.security.policy import lora_load_refusal
 from openengine_adapters.task_results import classify_response, embed_response, score_response
+from openengine_adapters.tracing import engine_trace_headers
 from openengine_adapters.types import EngineRole, ErrorCode, Feature, RuntimeEventType
 from openengine_adapters.v1 import (
     kv_pb2,
@@ -336,6 +337,7 @@ class EngineService:
         request_id = request.request_id or f"oe-{uuid.uuid4().hex}"
         card = self.catalog.resolve(request.model)
         params: GenerateParams = parse_generate(request, request_id, card, self._engine)
+        trace_headers = engine_trace_headers(trace_headers)  # our RPC span's context when tracing is on
         if extra or trace_headers:
             params = dataclasses.replace(params, extra=parse_extra(extra or {}, self.backend.request_extra),
                                          trace_headers=dict(trace_headers or {}))

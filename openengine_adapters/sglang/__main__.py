@@ -129,7 +129,10 @@ async def serve(ns: argparse.Namespace, server_args, reservation, advertise_kv_e
     if reservation is not None:
         reservation.release()
         ns.port = reservation.port  # port 0: the one reserved
-    await run(backend, server_config_from_args(ns))
+    config = server_config_from_args(ns)
+    if not ns.enable_trace:  # SGLang's --otlp-traces-endpoint has a default: --enable-trace turns both on
+        config = config.model_copy(update={"otlp_traces_endpoint": None})
+    await run(backend, config)
 
 
 def main(argv: list[str] | None = None) -> None:

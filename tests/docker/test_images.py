@@ -1,9 +1,10 @@
 """The engine images (``docker/``), built and run with the README's lines (``nox -s docker``).
 
 No registry is reachable here, so every build starts from a local Debian base made from the
-Debian archive (``tools/docker_local_base.sh``). The CPU vLLM image serves the demo model, passes
-the conformance suite on both contract surfaces from the host, drains on SIGTERM and exits 0, and
-serves in plugin mode.
+Debian archive (``tools/docker_local_base.sh``). The CPU vLLM image, brought up by the aggregated
+compose deployment users copy (``deploy/compose/aggregated.yaml``, Debian's docker-compose), passes
+the conformance suite on both contract surfaces from the host and serves its metrics; run by
+``docker run`` it drains on SIGTERM and exits 0, and serves in plugin mode.
 Each GPU Dockerfile is built on a local stand-in for its engine's image: vLLM's on the CPU engine
 base (that build IS the CPU image), TensorRT-LLM's on the tests' fake of its LLM API (served and
 health-checked), SGLang's on its released package. Everything made is removed at the end.
@@ -12,6 +13,7 @@ health-checked), SGLang's on its released package. Everything made is removed at
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shlex
 import subprocess
@@ -47,6 +49,8 @@ TRTLLM_STANDIN = ("docker build -f tests/docker/standins/trtllm.Dockerfile -t op
 SGLANG_STANDIN = ("docker build -f tests/docker/standins/sglang.Dockerfile -t openengine-ci/sglang-standin "
                   "tests/docker/standins")
 ADMIN_KEY = secrets.token_hex(16)
+COMPOSE_FILE = "deploy/compose/aggregated.yaml"
+DOCKER_COMPOSE = os.environ.get("OPENENGINE_DOCKER_COMPOSE", "/usr/bin/docker-compose")  # Debian's docker-compose
 EMPTY_LAYER = "sha256:5f70bf18a086007016e948b04aed3b82103a36bea41755b6cddfaf10ace3c6ef"  # an empty tar
 DEMO_IN_IMAGE = "/home/openengine/.cache/openengine-adapters/demo-llama"
 
@@ -169,20 +173,46 @@ def test_vllm_cpu_image_layout(vllm_cpu):
     check_layout(*vllm_cpu, "vllm")
 
 
-def test_vllm_cpu_image_passes_conformance_from_the_host(vllm_container, tmp_path):
-    name, target = vllm_container
-    assert grpc_health(target) == health_pb2.HealthCheckResponse.SERVING
-    report = tmp_path / "conformance.json"
+def test_compose_deployment_on_the_cpu_image_passes_conformance_from_the_host(vllm_cpu, tmp_path):
+    """deploy/compose/aggregated.yaml as written; CI sets only its variables (image, key files, host
+    ports). Up before the ``docker run`` container starts (one engine at a time), down at the end."""
+    keys = tmp_path / "secrets"
+    keys.mkdir()
+    (keys / "api-keys").write_text(secrets.token_hex(16) + "\n")
+    (keys / "admin-keys").write_text(ADMIN_KEY + "\n")  # the conformance suite's token: valid on every RPC
+    ports = free_port(), free_port()
+    env = {**os.environ, "OPENENGINE_IMAGE": vllm_cpu[0], "OPENENGINE_SECRETS_DIR": str(keys),
+           "GRPC_PORT": str(ports[0]), "METRICS_PORT": str(ports[1])}
+    project = ["-p", "openengine-ci-compose", "-f", str(ROOT / COMPOSE_FILE)]
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "conformance", "--target", target, "--contract", "both",
-                           "--token", ADMIN_KEY, "--timeout", "120", "--json", str(report)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
-    print(proc.stdout, proc.stderr[-3000:], f"[{time.monotonic() - started:6.1f} s] conformance", sep="\n")
-    assert proc.returncode == 0, f"conformance failed against the container:\n{logs(name)}"
-    summaries = list(_summaries(json.loads(report.read_text())))
-    print("conformance summaries:", summaries)
-    passed = sum(s["passed"] for s in summaries)
-    assert passed >= 100, f"only {passed} checks passed on the two surfaces"
+    try:
+        compose(*project, "up", "-d", env=env)
+        name = compose(*project, "ps", "-q", "vllm", env=env).stdout.strip()
+        print(f"[{wait_healthy(name):6.1f} s] {DOCKER_COMPOSE} up -d {COMPOSE_FILE}: healthy")
+        target = f"127.0.0.1:{ports[0]}"
+        assert grpc_health(target) == health_pb2.HealthCheckResponse.SERVING
+        report = tmp_path / "conformance.json"
+        proc = subprocess.run([sys.executable, "-m", "conformance", "--target", target, "--contract", "both",
+                               "--token", ADMIN_KEY, "--timeout", "120", "--json", str(report)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=1200)
+        print(proc.stdout, proc.stderr[-3000:], f"[{time.monotonic() - started:6.1f} s] conformance", sep="\n")
+        assert proc.returncode == 0, f"conformance failed against the compose deployment:\n{logs(name)}"
+        summaries = list(_summaries(json.loads(report.read_text())))
+        print("conformance summaries:", summaries)
+        passed = sum(s["passed"] for s in summaries)
+        assert passed >= 100, f"only {passed} checks passed on the two surfaces"
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports[1]}/metrics", timeout=10) as resp:
+            metrics = resp.read().decode()
+        assert "vllm:" in metrics and "openengine_requests_total" in metrics, "the compose file's metrics port"
+    finally:
+        compose(*project, "down", "-v", "--remove-orphans", "-t", "60", env=env, check=False)
+
+
+def compose(*args: str, env: dict, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([DOCKER_COMPOSE, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"docker-compose {shlex.join(args)} exited {proc.returncode}:\n{proc.stderr[-5000:]}")
+    return proc
 
 
 def _summaries(node):

@@ -41,14 +41,14 @@ class Harness:
 
 
 @contextlib.asynccontextmanager
-async def serve_trtllm(args: fake_trtllm.Args | None = None, **options):
+async def serve_trtllm(args: fake_trtllm.Args | None = None, config: dict | None = None, **options):
     from openengine_adapters.trtllm.backend import TrtllmBackend, TrtllmOptions
 
     llm = fake_trtllm.LLM(args)
     options.setdefault("poll_timeout_s", 0.02)
     options.setdefault("poll_interval_s", 0.005)
     backend = TrtllmBackend(llm, TrtllmOptions(**options), version=fake_trtllm.__version__)
-    async with serve_backend(backend, harness=lambda server, channel, b: Harness(server, channel, llm, b)) as h:
+    async with serve_backend(backend, config, harness=lambda server, channel, b: Harness(server, channel, llm, b)) as h:
         yield h
 
 

@@ -405,6 +405,28 @@ async def test_v0_1_trace_context_reaches_generate_async(trt):
     assert trt.llm.submitted[-1]["trace"] is None
 
 
+async def test_with_tracing_on_generate_async_gets_our_spans_context(serve, monkeypatch):
+    """--otlp-traces-endpoint: trace_headers carry the server's RPC span (the caller's child), so
+    TensorRT-LLM's request span hangs under ours (tests/test_tracing.py has the exported chain)."""
+    pytest.importorskip("opentelemetry.sdk", reason="the otel extra")
+    from otlp_receiver import otlp_receiver
+
+    from openengine_adapters.v0_1 import generation_pb2 as v01_gen
+    from openengine_adapters.v0_1 import openengine_pb2_grpc as v01_grpc
+
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
+    trace, caller = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    async with otlp_receiver() as rx, serve(config={"otlp_traces_endpoint": rx.endpoint}) as trt:
+        req = v01_gen.GenerateRequest(prompt="hi", stopping=v01_gen.StoppingOptions(max_tokens=1))
+        [r async for r in v01_grpc.InferenceStub(trt.channel).Generate(
+            req, metadata=(("traceparent", f"00-{trace}-{caller}-01"),), timeout=10)]
+        handed = trt.llm.submitted[-1]["trace"]["traceparent"].split("-")
+        await eventually(lambda: rx.named("openengine.v1.Inference/Generate"))
+        [ours] = rx.named("openengine.v1.Inference/Generate")
+        assert (ours.trace_id, ours.parent_span_id) == (trace, caller)
+        assert handed[1:3] == [trace, ours.span_id]
+
+
 async def test_trace_context_where_generate_async_takes_none(serve, monkeypatch):
     """The 1.1-era LLM.generate_async has no trace_headers (llmapi/llm.py, before OpenTelemetry
     tracing): a v0.1.0 call with trace context is served without it, not failed with a TypeError."""
