@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import functools
 import importlib.util
 import logging
 import os
-from collections.abc import Mapping
 from urllib.parse import urlparse
 
 import grpc
+
+from openengine_adapters.core.trace_headers import RPC_TRACE_HEADERS
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +37,6 @@ EXTRA_MISSING = ("tracing needs the otel extra: pip install 'openengine-adapters
                  "(opentelemetry-sdk and opentelemetry-exporter-otlp-proto-grpc)")
 # probes and discovery of the API: polled every few seconds, never worth a span
 UNTRACED_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
-
-# the W3C headers of the current RPC's span: what the engine is handed instead of the caller's
-_RPC_TRACE_HEADERS: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
-    "openengine_rpc_trace_headers", default=None)
-
 
 def available() -> bool:
     """The otel extra is installed."""
@@ -71,11 +66,6 @@ def resolve_endpoint(flag: str | None) -> str | None:
         if candidate and candidate.strip():
             return candidate.strip()
     return None
-
-
-def engine_trace_headers(caller: Mapping[str, str] | None) -> Mapping[str, str] | None:
-    """The trace headers to hand the engine: our RPC span's when tracing is on, else the caller's."""
-    return _RPC_TRACE_HEADERS.get() or caller
 
 
 class Tracing:
@@ -138,13 +128,13 @@ class _Span:
                                               attributes=attributes)
         headers: dict[str, str] = {}
         tracing.propagator.inject(headers, context=set_span_in_context(self.span))
-        self.token = _RPC_TRACE_HEADERS.set(headers or None)
+        self.token = RPC_TRACE_HEADERS.set(headers or None)
 
     def end(self, code: str, message: str | None = None) -> None:
         from opentelemetry.trace import Status, StatusCode
 
         with contextlib.suppress(ValueError):  # a stream closed from another context: its task ends anyway
-            _RPC_TRACE_HEADERS.reset(self.token)
+            RPC_TRACE_HEADERS.reset(self.token)
         self.span.set_attribute("rpc.grpc.status_code", getattr(grpc.StatusCode, code).value[0])
         if code != "OK":
             self.span.set_status(Status(StatusCode.ERROR, f"{code}: {message}" if message else code))

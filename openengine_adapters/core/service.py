@@ -36,6 +36,7 @@ from openengine_adapters.core.drain import Lifecycle, run_drain
 from openengine_adapters.core.health import HealthReporter
 from openengine_adapters.core.registry import LiveRequest, RequestRegistry
 from openengine_adapters.core.stream import GenerateStream, engine_error
+from openengine_adapters.core.trace_headers import engine_trace_headers
 from openengine_adapters.core.watchdog import Watch, Watchdog
 from openengine_adapters.errors import (
     ERROR_TRAILER,
@@ -53,7 +54,6 @@ from openengine_adapters.messages import model as model_messages
 from openengine_adapters.messages import observability as observability_messages
 from openengine_adapters.security.policy import lora_load_refusal
 from openengine_adapters.task_results import classify_response, embed_response, score_response
-from openengine_adapters.tracing import engine_trace_headers
 from openengine_adapters.types import EngineRole, ErrorCode, Feature, RuntimeEventType
 from openengine_adapters.v1 import (
     kv_pb2,
