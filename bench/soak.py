@@ -99,7 +99,7 @@ def registry_size(port: int) -> dict:
 
 # -- our server over gRPC -----------------------------------------------------------------------
 
-async def grpc_client(target: Target, address: str, model: str, seed: int, until: float) -> None:
+async def grpc_client(target: Target, address: str, model: str, seed: int, until: float, mix=KINDS) -> None:
     import grpc
 
     from openengine_adapters.v0_1 import generation_pb2 as v01_gen
@@ -109,7 +109,7 @@ async def grpc_client(target: Target, address: str, model: str, seed: int, until
     from openengine_adapters.v1 import openengine_pb2_grpc as oe_grpc
 
     rng = random.Random(seed)
-    kinds, weights = zip(*KINDS, strict=True)
+    kinds, weights = zip(*mix, strict=True)
     async with grpc.aio.insecure_channel(address) as channel:
         stub, v01 = oe_grpc.OpenEngineStub(channel), v01_grpc.InferenceStub(channel)
         for n in itertools.count():
@@ -211,11 +211,11 @@ async def start_ours(name: str, argv: list[str], trace_dir: str | None) -> tuple
 
 # -- vLLM's own HTTP server -----------------------------------------------------------------------
 
-async def http_client(target: Target, url: str, seed: int, until: float, session) -> None:
+async def http_client(target: Target, url: str, seed: int, until: float, session, mix=KINDS) -> None:
     import aiohttp
 
     rng = random.Random(seed)
-    kinds, weights = zip(*[(k, w) for k, w in KINDS if k != "task"], strict=True)
+    kinds, weights = zip(*[(k, w) for k, w in mix if k != "task"], strict=True)
     for _ in itertools.count():
         if time.monotonic() >= until:
             return
@@ -324,6 +324,8 @@ async def main() -> None:
     p.add_argument("--minutes", type=float, default=30.0)
     p.add_argument("--clients", type=int, default=12, help="concurrent request loops per target")
     p.add_argument("--subscribers", type=int, default=2, help="concurrent subscription loops per gRPC target")
+    p.add_argument("--only", nargs="+", choices=[k for k, _ in KINDS], default=None,
+                   help="request kinds to send (default: the whole mix): which kind leaves memory behind")
     p.add_argument("--sample-s", type=float, default=10.0)
     p.add_argument("--warmup-fraction", type=float, default=0.25)
     p.add_argument("--size", choices=sorted(SIZES), default="tiny", help="the demo Llama built for vLLM")
@@ -365,6 +367,7 @@ async def main() -> None:
             import aiohttp
 
             session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        mix = tuple((k, w) for k, w in KINDS if args.only is None or k in args.only)
         t0 = time.monotonic()
         until = t0 + args.minutes * 60
         for i, (name, (target, address), model) in enumerate(started):
@@ -372,11 +375,11 @@ async def main() -> None:
             for c in range(args.clients):
                 seed = 1000 * i + c
                 if name == "vllm-http":
-                    loops.append(asyncio.ensure_future(http_client(target, address, seed, until, session)))
+                    loops.append(asyncio.ensure_future(http_client(target, address, seed, until, session, mix)))
                 else:
-                    loops.append(asyncio.ensure_future(grpc_client(target, address, model, seed, until)))
+                    loops.append(asyncio.ensure_future(grpc_client(target, address, model, seed, until, mix)))
             if name != "vllm-http":
-                for s in range(args.subscribers):
+                for s in range(args.subscribers if args.only is None else 0):
                     loops.append(asyncio.ensure_future(subscriber(target, address, 500 + s, until)))
         while time.monotonic() < until:
             for t in targets:
@@ -399,7 +402,7 @@ async def main() -> None:
             await t.stop()
 
     result = {"minutes": args.minutes, "clients": args.clients, "subscribers": args.subscribers,
-              "mix": dict(KINDS), "warmup_fraction": args.warmup_fraction, "targets": {}}
+              "mix": dict(mix), "warmup_fraction": args.warmup_fraction, "targets": {}}
     for t in targets:
         slope = slope_bytes_per_request(t.samples, args.warmup_fraction)
         entry = {"requests": t.done, "outcomes": dict(sorted(t.outcomes.items())), "samples": t.samples,
