@@ -72,11 +72,34 @@ class Target:
     done: int = 0
     outcomes: dict = field(default_factory=dict)
     samples: list = field(default_factory=list)
-    snapshots: list = field(default_factory=list)
+    gate: asyncio.Event = field(default_factory=asyncio.Event)  # cleared: the loops pause (a quiet snapshot)
+    busy: int = 0  # loops inside a request or subscription
+    limit: int | None = None  # stop after this many requests (--requests)
 
-    def count(self, outcome: str) -> None:
-        self.done += 1
+    @property
+    def finished(self) -> bool:
+        return self.limit is not None and self.done >= self.limit
+
+    async def turn(self, until: float) -> bool:
+        """Wait while the run is paused; False once it is over. Else the loop is busy until ``note``."""
+        await self.gate.wait()
+        if time.monotonic() >= until or self.finished:
+            return False
+        self.busy += 1
+        return True
+
+    def note(self, outcome: str, request: bool = True) -> None:
+        self.busy -= 1
+        self.done += request
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+    async def quiet(self) -> None:
+        """Pause the loops and wait until none is inside a request (bounded)."""
+        self.gate.clear()
+        for _ in range(int((CALL_TIMEOUT_S + 5) / 0.05)):
+            if self.busy == 0:
+                return
+            await asyncio.sleep(0.05)
 
 
 def proc_status(pid: int) -> dict:
@@ -113,7 +136,7 @@ async def grpc_client(target: Target, address: str, model: str, seed: int, until
     async with grpc.aio.insecure_channel(address) as channel:
         stub, v01 = oe_grpc.OpenEngineStub(channel), v01_grpc.InferenceStub(channel)
         for n in itertools.count():
-            if time.monotonic() >= until:
+            if not await target.turn(until):
                 return
             kind = rng.choices(kinds, weights)[0]
             rid = f"soak-{seed}-{n}"
@@ -158,7 +181,7 @@ async def grpc_client(target: Target, address: str, model: str, seed: int, until
                 outcome = f"{kind}:{exc.code().name}"
             except asyncio.CancelledError:
                 raise
-            target.count(outcome)
+            target.note(outcome)
 
 
 async def subscriber(target: Target, address: str, seed: int, until: float) -> None:
@@ -171,7 +194,7 @@ async def subscriber(target: Target, address: str, seed: int, until: float) -> N
     async with grpc.aio.insecure_channel(address) as channel:
         stub = oe_grpc.OpenEngineStub(channel)
         for n in itertools.count():
-            if time.monotonic() >= until:
+            if not await target.turn(until):
                 return
             call = (stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest(include_snapshot=bool(n % 4 == 0)))
                     if n % 2 == 0 else
@@ -186,7 +209,7 @@ async def subscriber(target: Target, address: str, seed: int, until: float) -> N
             except grpc.aio.AioRpcError as exc:
                 outcome = f"subscription:{exc.code().name}"
             call.cancel()
-            target.outcomes[outcome] = target.outcomes.get(outcome, 0) + 1
+            target.note(outcome, request=False)
 
 
 async def start_ours(name: str, argv: list[str], trace_dir: str | None) -> tuple[Target, str]:
@@ -217,7 +240,7 @@ async def http_client(target: Target, url: str, seed: int, until: float, session
     rng = random.Random(seed)
     kinds, weights = zip(*[(k, w) for k, w in mix if k != "task"], strict=True)
     for _ in itertools.count():
-        if time.monotonic() >= until:
+        if not await target.turn(until):
             return
         kind = rng.choices(kinds, weights)[0]
         max_tokens = rng.randint(8, 24) if kind in ("complete", "v0.1") else 64
@@ -233,7 +256,7 @@ async def http_client(target: Target, url: str, seed: int, until: float, session
                         break
         except (TimeoutError, aiohttp.ClientError) as exc:
             outcome = f"{kind}:{type(exc).__name__}"
-        target.count(outcome)
+        target.note(outcome)
 
 
 async def start_vllm_http(flags: list[str]) -> tuple[Target, str]:
@@ -297,16 +320,43 @@ def slope_bytes_per_request(samples: list[dict], warmup_fraction: float) -> floa
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else None
 
 
+def report(args, mix, targets: list[Target], final: bool) -> dict:
+    """The run so far as JSON, written to ``--out`` (after every sample: a long run that is stopped keeps
+    its curves); the final one adds the tracemalloc comparison and prints a summary."""
+    result = {"minutes": args.minutes, "clients": args.clients, "subscribers": args.subscribers,
+              "mix": dict(mix), "warmup_fraction": args.warmup_fraction, "server_flags": args.server_flag,
+              "targets": {}}
+    for t in targets:
+        slope = slope_bytes_per_request(t.samples, args.warmup_fraction)
+        entry = {"requests": t.done, "outcomes": dict(sorted(t.outcomes.items())), "samples": t.samples,
+                 "rss_bytes_per_request_after_warmup": slope}
+        if final and t.trace_dir is not None:
+            entry["tracemalloc_top_growth"] = top_growth(t, args.warmup_fraction)
+        result["targets"][t.name] = entry
+        if not final:
+            continue
+        print(f"{t.name}: {t.done} requests, RSS {t.samples[0]['rss_mib']:.1f} -> {t.samples[-1]['rss_mib']:.1f} MiB, "
+              f"after warm-up {slope if slope is None else round(slope, 1)} bytes/request")
+        for row in entry.get("tracemalloc_top_growth", []):
+            site = row["site"] if isinstance(row["site"], str) else "\n      ".join(row["site"])
+            print(f"  {row['bytes_per_request']:>9} B/req  {site}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    if final:
+        print(f"wrote {args.out}")
+    return result
+
+
 def top_growth(target: Target, warmup_fraction: float, limit: int = 15) -> list[dict]:
-    """The allocation sites that grew most from the first snapshot after warm-up to the last."""
+    """The allocation sites that grew most from the quiet snapshot at the end of warm-up (no request in
+    flight) to the last one (the loops have ended): what the requests between them left behind."""
     import tracemalloc
 
     snaps = [s for s in target.samples if "snapshot" in s]
-    end = target.samples[-1]["t_s"]
-    after = [s for s in snaps if s["t_s"] >= warmup_fraction * end]
-    if len(after) < 2:
+    quiet = [s for s in snaps if s.get("quiet")]
+    if not quiet or snaps[-1] is quiet[0]:
         return []
-    first, last = after[0], after[-1]
+    first, last = quiet[0], snaps[-1]
     requests = max(1, last["requests"] - first["requests"])
     a = tracemalloc.Snapshot.load(os.path.join(target.trace_dir, first["snapshot"]))
     b = tracemalloc.Snapshot.load(os.path.join(target.trace_dir, last["snapshot"]))
@@ -328,6 +378,10 @@ async def main() -> None:
                    help="request kinds to send (default: the whole mix): which kind leaves memory behind")
     p.add_argument("--sample-s", type=float, default=10.0)
     p.add_argument("--warmup-fraction", type=float, default=0.25)
+    p.add_argument("--requests", type=int, default=None,
+                   help="stop once each target has served this many requests (--minutes stays the limit)")
+    p.add_argument("--warmup-requests", type=int, default=0,
+                   help="with --trace: the quiet snapshot waits for this many requests per target too")
     p.add_argument("--size", choices=sorted(SIZES), default="tiny", help="the demo Llama built for vLLM")
     p.add_argument("--model", default=None, help="a model directory for vLLM (default: built from --size)")
     p.add_argument("--server-flag", action="append", default=[], help="one more flag for our servers")
@@ -381,18 +435,36 @@ async def main() -> None:
             if name != "vllm-http":
                 for s in range(args.subscribers if args.only is None else 0):
                     loops.append(asyncio.ensure_future(subscriber(target, address, 500 + s, until)))
-        while time.monotonic() < until:
-            for t in targets:
-                await sample(t, t0)
+        for t in targets:
+            t.gate.set()
+            t.limit = args.requests
+        warm_until = t0 + args.warmup_fraction * args.minutes * 60 if args.trace else None
+        while time.monotonic() < until and not all(t.finished for t in targets):
+            if warm_until is not None and time.monotonic() >= warm_until \
+                    and all(t.done >= args.warmup_requests for t in targets):
+                warm_until = None
+                for t in targets:
+                    await t.quiet()
+                    await sample(t, t0)
+                    t.samples[-1]["quiet"] = True
+                    t.gate.set()
+            else:
+                for t in targets:
+                    await sample(t, t0)
             print(" | ".join(f"{t.name}: {t.done} req, {t.samples[-1]['rss_mib']:.1f} MiB" for t in targets),
                   flush=True)
+            report(args, mix, targets, final=False)
             failed = [f for f in loops if f.done() and f.exception() is not None]
             if failed:
                 raise failed[0].exception()
-            await asyncio.sleep(min(args.sample_s, max(0.0, until - time.monotonic())))
+            for _ in range(max(1, int(args.sample_s / 0.1))):  # the next sample, or the end of the run
+                if time.monotonic() >= until or all(t.finished for t in targets):
+                    break
+                await asyncio.sleep(0.1)
         await asyncio.wait(loops, timeout=CALL_TIMEOUT_S + 5)
         for t in targets:
             await sample(t, t0)
+            t.samples[-1]["quiet"] = True
         if session is not None:
             await session.close()
     finally:
@@ -401,23 +473,7 @@ async def main() -> None:
         for t in targets:
             await t.stop()
 
-    result = {"minutes": args.minutes, "clients": args.clients, "subscribers": args.subscribers,
-              "mix": dict(mix), "warmup_fraction": args.warmup_fraction, "targets": {}}
-    for t in targets:
-        slope = slope_bytes_per_request(t.samples, args.warmup_fraction)
-        entry = {"requests": t.done, "outcomes": dict(sorted(t.outcomes.items())), "samples": t.samples,
-                 "rss_bytes_per_request_after_warmup": slope}
-        if t.trace_dir is not None:
-            entry["tracemalloc_top_growth"] = top_growth(t, args.warmup_fraction)
-        result["targets"][t.name] = entry
-        print(f"{t.name}: {t.done} requests, RSS {t.samples[0]['rss_mib']:.1f} -> {t.samples[-1]['rss_mib']:.1f} MiB, "
-              f"after warm-up {slope if slope is None else round(slope, 1)} bytes/request")
-        for row in entry.get("tracemalloc_top_growth", []):
-            site = row["site"] if isinstance(row["site"], str) else "\n      ".join(row["site"])
-            print(f"  {row['bytes_per_request']:>9} B/req  {site}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    result = report(args, mix, targets, final=True)
     if args.fail_above is not None:
         for name, entry in result["targets"].items():
             traced = entry.get("tracemalloc_top_growth")

@@ -62,7 +62,7 @@ LABELS = ("negative", "neutral", "positive")
 ALL_FEATURES = frozenset(Feature)
 
 
-RECENT = 256  # requests the fake remembers (seen_params, aborted, prefix cache entries)
+RECENT = 64  # requests the fake remembers (seen_params, aborted, prefix cache entries)
 
 
 class BoundedSet(OrderedDict):
