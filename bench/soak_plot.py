@@ -24,6 +24,7 @@ def main(source: str, out: str) -> None:
     data = json.loads(open(source).read())
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     (rss, fds), (threads, registry) = axes
+    live = registry.twinx()
     for name, t in data["targets"].items():
         s = t["samples"]
         minutes = [x["t_s"] / 60 for x in s]
@@ -34,8 +35,9 @@ def main(source: str, out: str) -> None:
         fds.plot(minutes, [x["fds"] for x in s], label=LABELS.get(name, name))
         threads.plot(minutes, [x["threads"] for x in s], label=LABELS.get(name, name))
         if any("live_requests" in x for x in s):
-            registry.plot(minutes, [x.get("live_requests") for x in s], label=f"{name}: live requests")
-            registry.plot(minutes, [x.get("finished_ids") for x in s], label=f"{name}: finished ids remembered")
+            registry.plot(minutes, [x.get("finished_ids") for x in s], label=f"{name}: finished ids remembered (left)")
+            live.plot(minutes, [x.get("live_requests") for x in s], color="tab:red", alpha=0.6,
+                      label=f"{name}: live requests (right)")
     warm = data["warmup_fraction"] * data["minutes"]
     for ax, title in ((rss, "main process RSS (MiB)"), (fds, "open file descriptors"), (threads, "threads"),
                       (registry, "request registry (ours)")):
@@ -43,7 +45,9 @@ def main(source: str, out: str) -> None:
         ax.set_xlabel("minutes")
         ax.axvspan(0, warm, color="0.92", zorder=0)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left")
+    if live.lines:
+        live.legend(fontsize=8, loc="lower right")
     rss.text(warm / 2, rss.get_ylim()[0], "warm-up", ha="center", va="bottom", fontsize=8, color="0.4")
     fig.suptitle(f"Soak: {data['minutes']:g} min of mixed traffic, {data['clients']} clients per server, "
                  f"{data['subscribers']} subscription loops (gRPC)")
