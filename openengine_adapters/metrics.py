@@ -11,6 +11,7 @@ depend on; it is imported only when metrics are asked for.
   event subscribers);
 - ``openengine_generated_tokens_total``: tokens streamed to clients;
 - ``openengine_admitted_requests``: engine requests holding an admission slot;
+- ``openengine_finished_request_ids``: finished ids remembered for Abort (bounded: ``--finished-id-memory``);
 - ``openengine_draining``: 1 once the server stops accepting work;
 - ``openengine_coalesced_messages_total``: token messages saved by adaptive coalescing;
 - ``openengine_stalled_streams_ended_total``: streams the stall watchdog ended (``core.watchdog``);
@@ -52,6 +53,8 @@ class ServerMetrics:
         self.tokens = Counter("openengine_generated_tokens", "Tokens streamed to clients", registry=registry)
         Gauge("openengine_admitted_requests", "Engine requests holding an admission slot",
               registry=registry).set_function(lambda: len(service.registry))
+        Gauge("openengine_finished_request_ids", "Finished request ids remembered for Abort (bounded)",
+              registry=registry).set_function(lambda: service.registry.finished_count)
         Gauge("openengine_draining", "1 once the server stops accepting work",
               registry=registry).set_function(lambda: 0 if service.lifecycle.accepting else 1)
         Gauge("openengine_engine_hung", "1 while the engine is hung (no progress with work pending) or dead",

@@ -140,6 +140,8 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--instance-id", default="", help="stable id reported in EngineInfo/LoadInfo")
     numeric("--max-in-flight", "admission limit; beyond it calls get RESOURCE_EXHAUSTED")
     numeric("--retry-after-ms", "retry hint sent with RESOURCE_EXHAUSTED")
+    numeric("--finished-id-memory",
+            "finished request ids remembered so Abort answers ALREADY_FINISHED (newest first; also within 8 MiB)")
     numeric("--drain-grace-s", "on SIGTERM, how long running requests may finish before abort")
     numeric("--health-interval-s", "how often grpc.health.v1 is refreshed from the engine")
     numeric("--coalesce-max-delay-ms",
@@ -179,7 +181,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
 NUMERIC_SETTINGS = (
     "max_subscriptions", "drain_grace_s", "retry_after_ms", "keepalive_time_s", "keepalive_timeout_s",
     "keepalive_min_client_interval_s", "max_connection_idle_s", "max_connection_age_s", "stall_timeout_s",
-    "progress_timeout_s", "coalesce_max_delay_ms", "coalesce_message_budget")
+    "progress_timeout_s", "coalesce_max_delay_ms", "coalesce_message_budget", "finished_id_memory")
 # the plugins' variables of those flags (``--max-subscriptions`` -> OPENENGINE_MAX_SUBSCRIPTIONS)
 PLUGIN_ENV = {name: "OPENENGINE_" + name.upper() for name in NUMERIC_SETTINGS}
 

@@ -29,7 +29,7 @@ import itertools
 import math
 import random
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
@@ -60,6 +60,23 @@ VOCAB = 128
 EMBED_DIM = 8
 LABELS = ("negative", "neutral", "positive")
 ALL_FEATURES = frozenset(Feature)
+
+
+RECENT = 64  # requests the fake remembers (seen_params, aborted, prefix cache entries)
+
+
+class BoundedSet(OrderedDict):
+    """A set keeping its newest ``capacity`` members (the fake's prefix cache evicts, as an engine's does)."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+
+    def add(self, key) -> None:
+        self[key] = None
+        self.move_to_end(key)
+        if len(self) > self.capacity:
+            self.popitem(last=False)
 
 
 def tokenize(text: str) -> list[int]:
@@ -129,9 +146,10 @@ class FakeBackend(be.EngineBackend):
         self.step_delay_s = step_delay_s
         self.data_parallel_size = data_parallel_size
         self.running: dict[str, asyncio.Event] = {}
-        self.seen_params: list[be.GenerateParams] = []
-        self.aborted: list[str] = []
-        self.prefix_cache: set[tuple[str | None, tuple[int, ...]]] = set()
+        # what tests inspect, bounded like every per-request structure (a soak measures the server, not the fake)
+        self.seen_params: deque[be.GenerateParams] = deque(maxlen=RECENT)
+        self.aborted: deque[str] = deque(maxlen=RECENT)
+        self.prefix_cache: BoundedSet[tuple[str | None, tuple[int, ...]]] = BoundedSet(RECENT)
         self.sessions: dict[str, be.KvSession] = {}
         self.loras: dict[str, be.LoraAdapterInfo] = {}
         self.health_state = HealthState.READY

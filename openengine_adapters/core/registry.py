@@ -75,6 +75,10 @@ class RequestRegistry:
     def get(self, request_id: str) -> LiveRequest | None:
         return self._live.get(request_id)
 
+    @property
+    def finished_count(self) -> int:
+        return len(self._finished)
+
     def is_finished(self, request_id: str) -> bool:
         return request_id in self._finished
 
