@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import socket
-from typing import Annotated
+from typing import Annotated, Literal
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -34,6 +34,7 @@ from openengine_adapters.security.config import (
 )
 from openengine_adapters.security.serving import ServerSecurity
 from openengine_adapters.validation.kv import WILDCARD_HOSTS
+from openengine_adapters.validation.leniency import IGNORED_OPTIONS_ENV, IGNORED_OPTIONS_POLICIES, REFUSE
 from openengine_adapters.wire import revision1, v0_1
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,8 @@ class ServerConfig(BaseModel):
     metrics_port: int | None = Field(None, ge=0, le=65535)  # a sidecar serves that registry here
     security: SecurityConfig = SecurityConfig()  # TLS, keys, operator policy, reflection, LoRA root
     reuse_port: bool = False  # SO_REUSEPORT: off, so a second server on a busy port fails instead of sharing it
+    # v0.1.0: a sampling option the engine would not apply is refused, or accepted and dropped (counted)
+    ignored_options: Literal["refuse", "ignore"] = REFUSE
 
 
 def resolve_advertise_host(bind_host: str, flag: str | None) -> str:
@@ -165,6 +168,11 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--surfaces", default="both",
                        help="contract surfaces to serve on the port: revision-1 (openengine.v1.OpenEngine), "
                             "v0.1.0 (openengine.v1.Inference + Control), or both (default)")
+    group.add_argument("--ignored-options", choices=IGNORED_OPTIONS_POLICIES, default=d.ignored_options,
+                       help="v0.1.0 surface: a sampling option this engine accepts but would not apply (ModelInfo "
+                            "extra.ignored_options, e.g. a seed on SGLang without deterministic inference) is refused "
+                            f"(refuse, the default) or accepted and dropped, counted and logged once (ignore); "
+                            f"plugins: ${IGNORED_OPTIONS_ENV}")
     add_security_args(parser)
 
 
@@ -189,7 +197,7 @@ def plugin_server_config(port_env: str, host_env: str, max_in_flight_env: str, *
                         max_in_flight=int(max_in_flight) if max_in_flight else None,
                         surfaces=parse_surfaces(os.environ.get(SURFACES_ENV)), metrics=metrics_available(),
                         security=security_from_env(engine_api_keys, engine_admin_api_keys, engine_lora_root),
-                        **numbers)
+                        ignored_options=os.environ.get(IGNORED_OPTIONS_ENV, "").strip() or REFUSE, **numbers)
 
 
 def server_config_from_args(ns: argparse.Namespace) -> ServerConfig:
@@ -198,7 +206,7 @@ def server_config_from_args(ns: argparse.Namespace) -> ServerConfig:
         max_in_flight=ns.max_in_flight, health_interval_s=ns.health_interval_s,
         surfaces=parse_surfaces(ns.surfaces),
         security=security_from_args(ns), metrics=ns.metrics_port is not None, metrics_port=ns.metrics_port,
-        reuse_port=getattr(ns, "reuse_port", False),
+        reuse_port=getattr(ns, "reuse_port", False), ignored_options=getattr(ns, "ignored_options", REFUSE),
         **{name: getattr(ns, name) for name in NUMERIC_SETTINGS},
     )
 
@@ -304,6 +312,7 @@ class OpenEngineServer:
             max_subscriptions=config.max_subscriptions,
             stall_timeout_s=config.stall_timeout_s,
             progress_timeout_s=config.progress_timeout_s,
+            ignored_options=config.ignored_options,
         ))
         limit = config.max_message_mb * 1024 * 1024
         self.security = ServerSecurity(config.security)

@@ -64,6 +64,7 @@ class TrtllmCard:
             supports_priority=False, supports_stop_in_output=True,
             supports_cache_salt=self.block_reuse and "cache_salt" in self._accepts,
             supports_prefix_cache_bypass=False,
+            ignored_options=self.ignored_sampling,
         )
         tasks = None
         if self.role == EngineRole.AGGREGATED:

@@ -20,7 +20,7 @@ import grpc
 
 from openengine_adapters import schema
 from openengine_adapters.core.service import EngineService, _unary, reject
-from openengine_adapters.errors import ERROR_TRAILER, RequestRejected, invalid, unsupported
+from openengine_adapters.errors import ERROR_TRAILER, RequestRejected, invalid
 from openengine_adapters.messages import model as model_messages
 from openengine_adapters.v0_1 import (
     generation_pb2,
@@ -80,11 +80,7 @@ class InferenceServicer:
     def _translate(self, request: generation_pb2.GenerateRequest, context):
         meta = metadata.parse_inference(context.invocation_metadata())
         core = self.core
-        if meta.priority is not None:
-            card = core.catalog.resolve(request.model)
-            if not (card.generation and card.generation.supports_priority):
-                raise unsupported(f"{metadata.PRIORITY}: this model does not advertise priority "
-                                  "(GenerationCapabilities.supports_priority)")
+        # a priority the model does not schedule by is served in default order (validation.leniency)
         if meta.target_dp_rank is not None:
             size = core.identity.parallelism.data_parallel_size or 1
             if meta.target_dp_rank >= size:
@@ -106,7 +102,7 @@ class InferenceServicer:
         except RequestRejected as r:
             await reject(call, r)
             return
-        async for response in self.core.Generate(core_request, call, extra, trace):
+        async for response in self.core.Generate(core_request, call, extra, trace, lenient=True):
             # every event but an error is already v0.1.0's bytes (translate's docstring)
             yield translate.generate_error(response) if response.HasField("error") else response
 
@@ -136,6 +132,10 @@ class ControlServicer:
         core = self.core
         card = core.catalog.resolve(request.model, required=True)
         extra = dict(card.extra)
+        ignored = card.generation.ignored_options if card.generation else ()
+        if ignored:  # options the engine accepts and does not apply; what this server does with them
+            extra["ignored_options"] = {f"sampling.{o.name}": o.reason for o in ignored}
+            extra["ignored_options_policy"] = core.leniency.ignored_options
         if core.backend.request_extra:
             extra["request_extra_keys"] = describe(core.backend.request_extra)
         if card.tasks is not None:
@@ -143,7 +143,7 @@ class ControlServicer:
                      if getattr(card.tasks, name) is not None and getattr(card.tasks, name).supported]
             if tasks and "openengine.v1.OpenEngine" in self.served_services:
                 extra["revision1_tasks"] = tasks  # Embed/Classify/Score are served on revision 1
-        return translate.model_info(model_messages.model_info(card, core.identity.role), extra)
+        return translate.model_info(model_messages.model_info(card, core.identity.role, lenient=True), extra)
 
     @_unary_call
     async def GetLoad(self, request, context):
