@@ -651,6 +651,9 @@ class EngineBackend(abc.ABC):
     # the engine-specific GenerateRequest.extra keys (v0.1.0) this adapter applies, by name; the
     # service refuses a known key of the wrong type and ignores unknown keys, as the spec says
     request_extra: Mapping[str, ExtraKey] = {}
+    # why this engine's DECODE role cannot serve a request without a KV session (v0.1.0 conditional
+    # disaggregation, validation.leniency); None: it serves it as a local request
+    local_decode_refusal: str | None = None
 
     # identity and discovery ------------------------------------------------
     @abc.abstractmethod

@@ -13,7 +13,7 @@ import grpc
 import pytest
 from google.protobuf import json_format
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from helpers import collect, expect_status, gen_request, read_rest, v0_1_client_argv
+from helpers import collect, expect_status, gen_request, read_rest, rejection, v0_1_client_argv
 
 from openengine_adapters import schema
 from openengine_adapters.errors import ERROR_TRAILER
@@ -187,6 +187,12 @@ async def test_priority_metadata(oe):
                         grpc.StatusCode.INVALID_ARGUMENT, "openengine-priority", "more than once")
 
 
+def rev1_kv_options(**kw):
+    from openengine_adapters.v1 import generation_pb2 as rev1_gen
+
+    return rev1_gen.KvOptions(**kw)
+
+
 def _card_without(**generation):
     from fake_backend import default_card
 
@@ -316,9 +322,12 @@ async def test_kv_options_renumbered(oe):
     await v01_collect(inference, req(kv=v01_gen.KvOptions(bypass_prefix_cache=True, cache_salt="salt")))
     seen = oe.fake.seen_params[-1]
     assert seen.bypass_prefix_cache is True and seen.cache_salt == "salt" and seen.data_parallel_rank is None
-    err = await expect_status(inference.Generate(req(kv=v01_gen.KvOptions(cache_salt=""))),
+    # an empty salt namespaces nothing: the engine's default on v0.1.0 (issue 24); revision 1 refuses it
+    await v01_collect(inference, req(kv=v01_gen.KvOptions(cache_salt="")))
+    assert oe.fake.seen_params[-1].cache_salt is None
+    err = await expect_status(oe.stub.Generate(gen_request("hi", kv=rev1_kv_options(cache_salt=""))),
                               grpc.StatusCode.INVALID_ARGUMENT, "kv.cache_salt")
-    assert v01_rejection(err).code == v01_error.ERROR_CODE_INVALID_ARGUMENT
+    assert rejection(err).code == ErrorCode.INVALID_ARGUMENT
 
 
 async def test_modality_unspecified_is_not_an_image(oe):
@@ -495,3 +504,24 @@ async def test_decode_without_a_session_is_served_locally_on_v0_1(serve):
         assert h.fake.seen_params[-1].kv_session is None
         await expect_status(h.stub.Generate(gen_request("hi")), grpc.StatusCode.FAILED_PRECONDITION,
                             "kv.session", "DECODE")
+
+
+async def test_decode_that_cannot_serve_locally_says_why(serve):
+    """An engine whose DECODE role has no local prefill (SGLang: backend.local_decode_refusal) refuses the
+    request before acceptance, naming why, and says so in ServerInfo.extra; one that can says "served"."""
+    from fake_backend import FakeBackend
+    from helpers import serve_backend
+
+    async with serve(role=EngineRole.DECODE) as h:
+        info = await stubs(h)[1].GetServerInfo(v01_server.GetServerInfoRequest())
+        assert json_format.MessageToDict(info.extra)["decode_without_kv_session"] == "served"
+    fake = FakeBackend(role=EngineRole.DECODE)
+    fake.local_decode_refusal = "this engine's decode mode has no local prefill"
+    async with serve_backend(fake) as h:
+        inference, control = stubs(h)
+        err = await expect_status(inference.Generate(req()), grpc.StatusCode.FAILED_PRECONDITION,
+                                  "kv.session", "no local prefill")
+        assert v01_rejection(err).code == v01_error.ERROR_CODE_ROLE_MISMATCH
+        info = await control.GetServerInfo(v01_server.GetServerInfoRequest())
+        assert json_format.MessageToDict(info.extra)["decode_without_kv_session"].startswith("refused: ")
+        assert not fake.seen_params

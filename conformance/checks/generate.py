@@ -91,11 +91,22 @@ async def decode_requires_session(ctx):
     TensorRT-LLM sidecar use it: short prompts skip the prefill worker)."""
     if ctx.role != engine_pb2.ENGINE_ROLE_DECODE:
         raise Skip(f"role {ctx.role_name} is not DECODE")
+    codes = [c for c in C if c != C.OK]
     if ctx.options.contract == "v0.1.0":
+        from google.protobuf import json_format
+
+        from openengine_adapters.v0_1 import openengine_pb2_grpc, server_pb2
+
+        info = await openengine_pb2_grpc.ControlStub(ctx.channel).GetServerInfo(
+            server_pb2.GetServerInfoRequest(), timeout=ctx.options.check_timeout_s)
+        said = str(json_format.MessageToDict(info.extra).get("decode_without_kv_session", "served"))
+        if said.startswith("refused"):  # an engine that cannot serve it locally says why (ServerInfo.extra)
+            await ctx.gen_rejected(ctx.request("nosess"), C.FAILED_PRECONDITION,
+                                   what="Generate without kv.session on a DECODE engine that says it refuses it")
+            return
         s = await ctx.run(ctx.request("nosess"))
         expect(s.error is None, f"Generate without kv.session on DECODE (v0.1.0): EngineError {s.error}")
         return
-    codes = [c for c in C if c != C.OK]
     await ctx.gen_rejected(ctx.request("nosess"), *codes, what="Generate without kv.session on DECODE")
 
 

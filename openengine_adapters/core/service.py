@@ -179,6 +179,7 @@ class EngineService:
             data_parallel_size=self.identity.parallelism.data_parallel_size or 1,
             loaded_loras=self._loras,
             transfer_backend=conn.transfer_backend if conn is not None else "",
+            local_decode_refusal=backend.local_decode_refusal,
         )
 
     def _check_declarations(self) -> None:

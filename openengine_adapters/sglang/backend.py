@@ -274,6 +274,11 @@ class SglangBackend(SglangCard, SglangLora, SglangTasks, be.EngineBackend):
 
     # ------------------------------------------------------------------ generation
 
+    # SGLang's decode scheduler takes every request as a KV transfer to wait for (DecodePreallocQueue);
+    # only its fake bootstrap host skips the transfer, and then it decodes from KV nobody computed
+    local_decode_refusal = ("SGLang's decode mode serves only requests whose KV a prefill server sends "
+                            "(--disaggregation-mode decode has no local prefill)")
+
     async def validate_generate(self, params: be.GenerateParams) -> None:
         if params.priority is not None and self.low_first:
             raise invalid("priority: SGLang runs with --schedule-low-priority-values-first, the opposite of "

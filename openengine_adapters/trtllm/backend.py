@@ -289,7 +289,7 @@ class TrtllmBackend(TrtllmCard, EngineQueuePolling, LazyLoraRegistry, TrtllmTask
 
             if self.role == EngineRole.PREFILL:
                 kw["disaggregated_params"] = DisaggregatedParams(request_type="context_only")
-            else:
+            elif params.kv_session is not None:  # none: a local request (TensorRT-LLM's server: no params)
                 kw["disaggregated_params"] = DisaggregatedParams(
                     **translate.decode_disaggregated(params.kv_session, self._disagg_fields()))
         return kw
@@ -304,7 +304,8 @@ class TrtllmBackend(TrtllmCard, EngineQueuePolling, LazyLoraRegistry, TrtllmTask
         prompt_len = self._prompt_len(params)
         sp = self._sampling_params(params, prompt_len)
         kw = self._engine_kwargs(params)
-        used = translate.session_key(kw["disaggregated_params"]) if self.role == EngineRole.DECODE else None
+        used = (translate.session_key(kw["disaggregated_params"])
+                if self.role == EngineRole.DECODE and "disaggregated_params" in kw else None)
         if used is not None:
             self.sessions.consume(used)  # a second decode would pull KV the prefill side released
         try:

@@ -58,6 +58,7 @@ class EngineContext:
     data_parallel_size: int
     loaded_loras: Collection[str]
     transfer_backend: str = ""
+    local_decode_refusal: str | None = None  # EngineBackend.local_decode_refusal
 
 
 def parse_generate(
@@ -132,6 +133,8 @@ def parse_generate(
         cache_salt=salt,
     )
     _check_role(params, engine.role, lenient is not None)
+    if lenient is not None and engine.role == EngineRole.DECODE and session is None and engine.local_decode_refusal:
+        raise role_mismatch(f"kv.session: required here: {engine.local_decode_refusal}")
     if engine.role == EngineRole.PREFILL:  # one rule for every engine: the prefill samples one token
         min_tokens = params.stopping.min_tokens
         params = replace(params, stopping=replace(

@@ -318,6 +318,22 @@ def prefill_args():
                             disable_overlap_scheduler=True)
 
 
+async def test_v0_1_decode_without_a_session_is_a_local_request(serve):
+    """Conditional disaggregation: TensorRT-LLM's own server maps a request with no kv.session and no
+    extra.request_type to no DisaggregatedParams at all, a plain request the generation worker serves
+    (NVIDIA/TensorRT-LLM tensorrt_llm/grpc/openengine/disagg.py disaggregated_params_from_request, commit
+    65e93a934b732e876f16fd893c56d21fdc1da1be), which Dynamo's TensorRT-LLM sidecar relies on for short
+    prompts. Served on v0.1.0; revision 1 keeps its role rule."""
+    from openengine_adapters.wire.v0_1.stub import V01Stub
+
+    async with serve(prefill_args(), role=EngineRole.DECODE) as dec:
+        req = gen_request(token_ids=input_pb2.TokenIds(ids=[10, 11, 12]), stopping=g.StoppingOptions(max_tokens=5))
+        d = check_generate_stream(req, await collect(V01Stub(dec.channel), req))
+        assert d.text[0] == "hello" and dec.llm.submitted[-1]["disagg"] is None
+        await expect_status(dec.stub.Generate(req), grpc.StatusCode.FAILED_PRECONDITION, "kv.session")
+        assert len(dec.llm.submitted) == 1
+
+
 async def test_prefill_decode_round_trip(serve):
     from openengine_adapters.types import EngineRole
 

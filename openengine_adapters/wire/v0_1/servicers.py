@@ -22,6 +22,7 @@ from openengine_adapters import schema
 from openengine_adapters.core.service import EngineService, _unary, reject
 from openengine_adapters.errors import ERROR_TRAILER, RequestRejected, invalid
 from openengine_adapters.messages import model as model_messages
+from openengine_adapters.types import EngineRole
 from openengine_adapters.v0_1 import (
     generation_pb2,
     kv_pb2,
@@ -117,6 +118,9 @@ class ControlServicer:
                  "services": list(self.served_services)}
         if "openengine.v1.OpenEngine" in self.served_services:
             extra["revision1_schema_release"] = schema.SCHEMA_RELEASE
+        if self.core.identity.role == EngineRole.DECODE:  # conditional disaggregation (validation.leniency)
+            refusal = self.core.backend.local_decode_refusal
+            extra["decode_without_kv_session"] = f"refused: {refusal}" if refusal else "served"
         return {**self.core.identity.extra, **extra}
 
     @_unary_call
