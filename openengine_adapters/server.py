@@ -355,6 +355,7 @@ class OpenEngineServer:
         if self.port == 0:
             raise PortInUse(_port_message(self.config.host, self.config.port,
                                           "the address is already in use or cannot be bound"))
+        self.service.grpc_port = self.port  # where SubscribeKvEvents is, as GetKvEventSources says
         await self.service.start()
         await self.grpc_server.start()
         await self.service.health.refresh()

@@ -27,7 +27,7 @@ from openengine_adapters.v0_1 import lora_pb2 as v01_lora
 from openengine_adapters.v0_1 import model_pb2 as v01_model
 from openengine_adapters.v0_1 import openengine_pb2_grpc as v01_grpc
 from openengine_adapters.v0_1 import server_pb2 as v01_server
-from openengine_adapters.v1 import engine_pb2, lifecycle_pb2, lora_pb2, observability_pb2
+from openengine_adapters.v1 import engine_pb2, kv_pb2, lifecycle_pb2, lora_pb2, observability_pb2
 
 SLOW = (("fake.step_delay_ms", "50"),)
 
@@ -364,7 +364,14 @@ async def test_lora_lifecycle_is_shared(oe, tmp_path):
 async def test_kv_events_and_sources(oe):
     inference, control = stubs(oe)
     sources = await control.GetKvEventSources(v01_kv.GetKvEventSourcesRequest())
-    assert sources.sources[0].endpoint_addr.host == "127.0.0.1", "wildcards are never advertised"
+    native, zmq = sources.sources  # our own SubscribeKvEvents first, then the engine's publisher
+    assert (native.transport, native.encoding, native.topic) == ("grpc", "protobuf",
+                                                                 "openengine.v1.Control/SubscribeKvEvents")
+    assert (native.endpoint_addr.host, native.endpoint_addr.port) == ("127.0.0.1", oe.server.port)
+    assert native.HasField("data_parallel_rank") and native.data_parallel_rank == 0
+    assert zmq.transport == "zmq" and zmq.endpoint_addr.host == "127.0.0.1", "wildcards are never advertised"
+    rev1 = await oe.stub.GetKvEventSources(kv_pb2.GetKvEventSourcesRequest())
+    assert [s.transport for s in rev1.sources] == ["zmq"]  # revision 1: the engine's own publishers
     sub = control.SubscribeKvEvents(v01_kv.SubscribeKvEventsRequest(include_snapshot=True))
     first = await asyncio.wait_for(sub.read(), 5)
     assert first.WhichOneof("event") == "batch"

@@ -92,6 +92,9 @@ class ServiceOptions:
     ignored_options: str = "refuse"  # v0.1.0: options the engine would ignore are refused or dropped (leniency)
 
 
+# the native KV-event source's topic: the RPC that serves it (v0.1.0's Control service)
+NATIVE_KV_EVENTS_TOPIC = "openengine.v1.Control/SubscribeKvEvents"
+
 def _unimplemented(what: str) -> RequestRejected:
     return RequestRejected(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not implemented by this engine "
                            "adapter", ErrorCode.UNSUPPORTED_FEATURE)
@@ -173,6 +176,7 @@ class EngineService:
                                  on_state_change=lambda: self._background(self.health.refresh()))
         self.health.watchdog = self.watchdog
         self.leniency = Leniency(options.ignored_options)  # what the v0.1.0 reading accepts, counted
+        self.grpc_port: int | None = None  # the server's bound port, once it has one (native KV-event source)
         conn = backend.kv_connector()
         self._engine = EngineContext(
             role=self.identity.role,
@@ -652,9 +656,26 @@ class EngineService:
 
     @_unary
     async def GetKvEventSources(self, request: kv_pb2.GetKvEventSourcesRequest, context):
-        self._require(Feature.KV_EVENT_SOURCES, "GetKvEventSources")
+        return self.kv_event_sources(request)
+
+    def kv_event_sources(self, request: kv_pb2.GetKvEventSourcesRequest,
+                         native: bool = False) -> kv_pb2.GetKvEventSourcesResponse:
+        """The engine's own publishers; with ``native`` (v0.1.0) first our ``SubscribeKvEvents`` itself,
+        one ``grpc``/``protobuf`` source per DP rank it serves ("transport: grpc, zmq"; "Clients should
+        prefer SubscribeKvEvents when available"), so a client that discovers sources finds it."""
+        native = native and Feature.KV_EVENTS in self.backend.features and self.grpc_port is not None
+        if not native:
+            self._require(Feature.KV_EVENT_SOURCES, "GetKvEventSources")
         ranks = list(request.data_parallel_ranks)
         resp = kv_pb2.GetKvEventSourcesResponse()
+        if native:
+            for rank in range(self.identity.parallelism.data_parallel_size or 1):
+                if not ranks or rank in ranks:
+                    resp.sources.add(transport="grpc", topic=NATIVE_KV_EVENTS_TOPIC, data_parallel_rank=rank,
+                                     encoding="protobuf", endpoint_addr=kv_pb2.KvEndpoint(
+                                         host=self.options.advertise_host, port=self.grpc_port, protocol="grpc"))
+        if Feature.KV_EVENT_SOURCES not in self.backend.features:
+            return resp
         for src in self.backend.kv_event_sources(ranks):
             if ranks and src.data_parallel_rank is not None and src.data_parallel_rank not in ranks:
                 continue

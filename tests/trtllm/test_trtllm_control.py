@@ -318,6 +318,27 @@ def prefill_args():
                             disable_overlap_scheduler=True)
 
 
+async def test_v0_1_kv_event_sources_list_our_own_stream(serve):
+    """TensorRT-LLM's KV events reach us through the engine's own queue, with no publisher to name:
+    revision 1's GetKvEventSources stays UNIMPLEMENTED, v0.1.0's lists SubscribeKvEvents itself
+    ("transport: grpc, zmq", "encoding: protobuf, msgpack"; clients prefer SubscribeKvEvents), one source
+    per attention-DP rank at the advertised host."""
+    from openengine_adapters.v0_1 import kv_pb2 as v01_kv
+    from openengine_adapters.v0_1 import openengine_pb2_grpc as v01_grpc
+
+    args = fake_trtllm.Args(enable_attention_dp=True, tensor_parallel_size=2,
+                            kv_cache_config=fake_trtllm.KvCacheConfig(event_buffer_max_size=64))
+    async with serve(args) as h:
+        control = v01_grpc.ControlStub(h.channel)
+        sources = (await control.GetKvEventSources(v01_kv.GetKvEventSourcesRequest())).sources
+        assert [(s.transport, s.encoding, s.data_parallel_rank, s.endpoint_addr.host, s.endpoint_addr.port)
+                for s in sources] == [("grpc", "protobuf", r, "127.0.0.1", h.server.port) for r in (0, 1)]
+        only = await control.GetKvEventSources(v01_kv.GetKvEventSourcesRequest(data_parallel_ranks=[1]))
+        assert [s.data_parallel_rank for s in only.sources] == [1]
+        await expect_status(h.stub.GetKvEventSources(kv_pb2.GetKvEventSourcesRequest()),
+                            grpc.StatusCode.UNIMPLEMENTED)
+
+
 async def test_v0_1_decode_without_a_session_is_a_local_request(serve):
     """Conditional disaggregation: TensorRT-LLM's own server maps a request with no kv.session and no
     extra.request_type to no DisaggregatedParams at all, a plain request the generation worker serves

@@ -175,7 +175,7 @@ class ControlServicer:
 
     @_unary_call
     async def GetKvEventSources(self, request, context):
-        return await self.core.GetKvEventSources(request, context)
+        return self.core.kv_event_sources(request, native=True)
 
     async def SubscribeKvEvents(self, request, context):
         async for response in self.core.SubscribeKvEvents(request, _Call(context)):
