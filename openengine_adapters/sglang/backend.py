@@ -267,7 +267,8 @@ class SglangBackend(SglangCard, SglangLora, SglangTasks, be.EngineBackend):
             loads = await self.tm.get_loads(include=["core"])
         except Exception as exc:
             raise EngineFailure(ErrorCode.INTERNAL, f"SGLang get_loads failed: {exc}") from None
-        snap = translate.load_snapshot(loads, self.page_size, per_rank)
+        in_flight = sum(len(rids) for rids in self._live.values())  # engine requests (n per OpenEngine one)
+        snap = translate.with_in_flight(translate.load_snapshot(loads, self.page_size, per_rank), in_flight)
         attrs = dict(snap.attributes)
         attrs["in_flight_requests"] = len(self._live)
         return be.LoadSnapshot(**{**snap.__dict__, "attributes": attrs, "active_kv_sessions": self.open_kv_sessions()})
