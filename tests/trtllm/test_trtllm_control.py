@@ -339,6 +339,34 @@ async def test_v0_1_kv_event_sources_list_our_own_stream(serve):
                             grpc.StatusCode.UNIMPLEMENTED)
 
 
+async def test_v0_1_prefill_takes_the_decode_legs_options_it_can_honour(serve):
+    """A v0.1.0 prefill may carry the decode leg's options (Dynamo's TensorRT-LLM sidecar sends them): guided
+    decoding, min_tokens and stops reach the context-only request, whose one sampled token becomes the
+    decode's first (first_gen_tokens). Output logprobs need DisaggregatedParams.first_gen_log_probs to reach
+    the decode leg (TensorRT-LLM's server carries it: tensorrt_llm/grpc/openengine/disagg.py, commit
+    65e93a934b732e876f16fd893c56d21fdc1da1be); 1.2 has no such field, so the prefill's ModelInfo says
+    output logprobs are unsupported and they are refused."""
+    from openengine_adapters.v1 import model_pb2
+    from openengine_adapters.wire.v0_1.stub import V01Stub
+
+    async with serve(prefill_args(), role=EngineRole.PREFILL) as pre:
+        v01 = V01Stub(pre.channel)
+        req = gen_request(token_ids=input_pb2.TokenIds(ids=[10, 11, 12]),
+                          guided=g.GuidedDecoding(choice=g.ChoiceConstraint(choices=["yes", "no"])),
+                          stopping=g.StoppingOptions(min_tokens=4, conditions=[g.StopCondition(stop_token_id=5)]))
+        s = check_generate_stream(req, await collect(v01, req), prefill=True)
+        assert s.prefill_ready.kv_session.session_id
+        sp = pre.llm.submitted[-1]["sp"]
+        assert sp.guided_decoding is not None and sp.min_tokens == 1 and sp.max_tokens == 1
+        lp = gen_request(token_ids=input_pb2.TokenIds(ids=[10, 11, 12]),
+                         response=g.ResponseOptions(return_output_logprobs=True))
+        await expect_status(v01.Generate(lp), grpc.StatusCode.INVALID_ARGUMENT, "response.return_output_logprobs")
+        assert len(pre.llm.submitted) == 1
+        info = await v01.GetModelInfo(model_pb2.GetModelInfoRequest(model=pre.server.service.catalog.cards[0].names[0]))
+        assert info.generation.output_logprobs.HasField("supported") and not info.generation.output_logprobs.supported
+        assert info.generation.guided_decoding.supported  # the decode leg's guide is taken
+
+
 async def test_v0_1_decode_without_a_session_is_a_local_request(serve):
     """Conditional disaggregation: TensorRT-LLM's own server maps a request with no kv.session and no
     extra.request_type to no DisaggregatedParams at all, a plain request the generation worker serves
