@@ -258,7 +258,9 @@ async def test_v0_1_prefill_takes_the_decode_legs_options_and_the_decode_honours
                             **DECODE_LEG_OPTIONS)
     s = check_generate_stream(dec, await collect(V01Stub(decode.channel), dec, timeout=60))  # logprobs per token
     assert s.text[0] in ("alpha", "beta")
-    await expect_status(prefill.stub.Generate(pre), grpc.StatusCode.FAILED_PRECONDITION, "PREFILL")  # revision 1
+    # revision 1 keeps its role rule (a request without min_tokens: there min_tokens 3 > max_tokens 1 is refused first)
+    await expect_status(prefill.stub.Generate(g.GenerateRequest(token_ids=ids(PROMPT), **DECODE_LEG_OPTIONS)),
+                        grpc.StatusCode.FAILED_PRECONDITION, "PREFILL")
 
 
 async def test_v0_1_decode_without_a_session_serves_it_locally(decode, reference):
