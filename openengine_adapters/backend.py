@@ -58,6 +58,16 @@ class GuidedSupport:
 
 
 @dataclass(frozen=True)
+class IgnoredOption:
+    """A sampling option the engine accepts and does not apply (``name`` is a ``SamplingParams`` field):
+    a value outside ``neutral`` is refused, or dropped under ``--ignored-options ignore`` (v0.1.0)."""
+
+    name: str
+    reason: str  # why the engine does not apply it, and how to make it
+    neutral: tuple[Any, ...] = ()  # values that ask for what the engine does anyway
+
+
+@dataclass(frozen=True)
 class GenerationSupport:
     prompt_logprobs: LogprobSupport | None = None
     output_logprobs: LogprobSupport | None = None
@@ -69,7 +79,7 @@ class GenerationSupport:
     supports_prefix_cache_bypass: bool | None = None
     # engine limits the contract has no field for; validation enforces them before acceptance
     max_stop_strings: int | None = field(default=None, metadata={"wire": False})
-    seed_refusal: str | None = field(default=None, metadata={"wire": False})  # why a seed is not honoured
+    ignored_options: tuple[IgnoredOption, ...] = field(default=(), metadata={"wire": False})
 
 
 @dataclass(frozen=True)
@@ -641,6 +651,9 @@ class EngineBackend(abc.ABC):
     # the engine-specific GenerateRequest.extra keys (v0.1.0) this adapter applies, by name; the
     # service refuses a known key of the wrong type and ignores unknown keys, as the spec says
     request_extra: Mapping[str, ExtraKey] = {}
+    # why this engine's DECODE role cannot serve a request without a KV session (v0.1.0 conditional
+    # disaggregation, validation.leniency); None: it serves it as a local request
+    local_decode_refusal: str | None = None
 
     # identity and discovery ------------------------------------------------
     @abc.abstractmethod

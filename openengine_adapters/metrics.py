@@ -15,7 +15,10 @@ depend on; it is imported only when metrics are asked for.
 - ``openengine_draining``: 1 once the server stops accepting work;
 - ``openengine_coalesced_messages_total``: token messages saved by adaptive coalescing;
 - ``openengine_stalled_streams_ended_total``: streams the stall watchdog ended (``core.watchdog``);
-- ``openengine_engine_hung``: 1 while the engine is hung or dead.
+- ``openengine_engine_hung``: 1 while the engine is hung or dead;
+- ``openengine_priority_ignored_total`` / ``openengine_options_ignored_total{option}``: v0.1.0 requests
+  whose ``openengine-priority`` the model does not schedule by / whose option the engine would not
+  apply (``--ignored-options ignore``), served anyway (``validation.leniency``).
 
 The interceptor counts per RPC; for Generate it reads each message's token count, one field
 access per message.
@@ -60,6 +63,7 @@ class ServerMetrics:
         Gauge("openengine_engine_hung", "1 while the engine is hung (no progress with work pending) or dead",
               registry=registry).set_function(lambda: int(service.watchdog.hung or bool(service.watchdog.dead_reason)))
         registry.register(_StalledStreams(service.watchdog))
+        registry.register(_Ignored(service.leniency))
         if service.coalescer is not None:
             registry.register(_Coalesced(service.coalescer))
         self.interceptor = MetricsInterceptor(self)
@@ -91,6 +95,26 @@ class _StalledStreams:
         yield CounterMetricFamily("openengine_stalled_streams_ended",
                                   "Streams ended because their client took no message for --stall-timeout-s",
                                   value=self.watchdog.stalled_streams)
+
+
+class _Ignored:
+    """What the v0.1.0 reading accepted without applying, read from ``validation.leniency`` when scraped."""
+
+    def __init__(self, leniency) -> None:
+        self.leniency = leniency
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+
+        yield CounterMetricFamily("openengine_priority_ignored",
+                                  "Requests whose openengine-priority the model does not schedule by (default order)",
+                                  value=self.leniency.priority_ignored)
+        options = CounterMetricFamily("openengine_options_ignored",
+                                      "Requests whose option the engine would not apply, accepted and dropped "
+                                      "(--ignored-options ignore)", labels=["option"])
+        for option, count in sorted(self.leniency.options_ignored.items()):
+            options.add_metric([option], count)
+        yield options
 
 
 class _Coalesced:

@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import socket
-from typing import Annotated
+from typing import Annotated, Literal
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -35,6 +35,7 @@ from openengine_adapters.security.config import (
 from openengine_adapters.security.serving import ServerSecurity
 from openengine_adapters.tracing import endpoint_flag, tracing_from
 from openengine_adapters.validation.kv import WILDCARD_HOSTS
+from openengine_adapters.validation.leniency import IGNORED_OPTIONS_ENV, IGNORED_OPTIONS_POLICIES, REFUSE
 from openengine_adapters.wire import revision1, v0_1
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,8 @@ class ServerConfig(BaseModel):
     # OpenTelemetry spans per RPC over OTLP/gRPC (openengine_adapters.tracing); None: the OTEL_* variables
     otlp_traces_endpoint: str | None = None
     reuse_port: bool = False  # SO_REUSEPORT: off, so a second server on a busy port fails instead of sharing it
+    # v0.1.0: a sampling option the engine would not apply is refused, or accepted and dropped (counted)
+    ignored_options: Literal["refuse", "ignore"] = REFUSE
 
 
 def resolve_advertise_host(bind_host: str, flag: str | None) -> str:
@@ -174,6 +177,11 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         group.add_argument("--otlp-traces-endpoint", type=endpoint_flag, default=None,
                            help="export an OpenTelemetry span per RPC to this OTLP/gRPC collector (the otel extra; "
                                 "else $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT), the child of the caller's traceparent")
+    group.add_argument("--ignored-options", choices=IGNORED_OPTIONS_POLICIES, default=d.ignored_options,
+                       help="v0.1.0 surface: a sampling option this engine accepts but would not apply (ModelInfo "
+                            "extra.ignored_options, e.g. a seed on SGLang without deterministic inference) is refused "
+                            f"(refuse, the default) or accepted and dropped, counted and logged once (ignore); "
+                            f"plugins: ${IGNORED_OPTIONS_ENV}")
     add_security_args(parser)
 
 
@@ -198,7 +206,7 @@ def plugin_server_config(port_env: str, host_env: str, max_in_flight_env: str, *
                         max_in_flight=int(max_in_flight) if max_in_flight else None,
                         surfaces=parse_surfaces(os.environ.get(SURFACES_ENV)), metrics=metrics_available(),
                         security=security_from_env(engine_api_keys, engine_admin_api_keys, engine_lora_root),
-                        **numbers)
+                        ignored_options=os.environ.get(IGNORED_OPTIONS_ENV, "").strip() or REFUSE, **numbers)
 
 
 def server_config_from_args(ns: argparse.Namespace) -> ServerConfig:
@@ -208,6 +216,7 @@ def server_config_from_args(ns: argparse.Namespace) -> ServerConfig:
         surfaces=parse_surfaces(ns.surfaces),
         security=security_from_args(ns), metrics=ns.metrics_port is not None, metrics_port=ns.metrics_port,
         reuse_port=getattr(ns, "reuse_port", False), otlp_traces_endpoint=getattr(ns, "otlp_traces_endpoint", None),
+        ignored_options=getattr(ns, "ignored_options", REFUSE),
         **{name: getattr(ns, name) for name in NUMERIC_SETTINGS},
     )
 
@@ -313,6 +322,7 @@ class OpenEngineServer:
             max_subscriptions=config.max_subscriptions,
             stall_timeout_s=config.stall_timeout_s,
             progress_timeout_s=config.progress_timeout_s,
+            ignored_options=config.ignored_options,
         ))
         limit = config.max_message_mb * 1024 * 1024
         self.security = ServerSecurity(config.security)
@@ -357,6 +367,7 @@ class OpenEngineServer:
         if self.port == 0:
             raise PortInUse(_port_message(self.config.host, self.config.port,
                                           "the address is already in use or cannot be bound"))
+        self.service.grpc_port = self.port  # where SubscribeKvEvents is, as GetKvEventSources says
         await self.service.start()
         await self.grpc_server.start()
         await self.service.health.refresh()

@@ -13,7 +13,7 @@ import grpc
 import pytest
 from google.protobuf import json_format
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from helpers import collect, expect_status, gen_request, read_rest, v0_1_client_argv
+from helpers import collect, expect_status, gen_request, read_rest, rejection, v0_1_client_argv
 
 from openengine_adapters import schema
 from openengine_adapters.errors import ERROR_TRAILER
@@ -27,7 +27,7 @@ from openengine_adapters.v0_1 import lora_pb2 as v01_lora
 from openengine_adapters.v0_1 import model_pb2 as v01_model
 from openengine_adapters.v0_1 import openengine_pb2_grpc as v01_grpc
 from openengine_adapters.v0_1 import server_pb2 as v01_server
-from openengine_adapters.v1 import engine_pb2, lifecycle_pb2, lora_pb2, observability_pb2
+from openengine_adapters.v1 import engine_pb2, kv_pb2, lifecycle_pb2, lora_pb2, observability_pb2
 
 SLOW = (("fake.step_delay_ms", "50"),)
 
@@ -187,19 +187,80 @@ async def test_priority_metadata(oe):
                         grpc.StatusCode.INVALID_ARGUMENT, "openengine-priority", "more than once")
 
 
-async def test_priority_only_where_advertised(serve):
+def rev1_kv_options(**kw):
+    from openengine_adapters.v1 import generation_pb2 as rev1_gen
+
+    return rev1_gen.KvOptions(**kw)
+
+
+def _card_without(**generation):
     from fake_backend import default_card
 
     from openengine_adapters import backend as be
 
     card = default_card()
-    card = be.ModelCard(**{**card.__dict__, "generation": be.GenerationSupport(
-        **{**card.generation.__dict__, "supports_priority": False})})
+    return be.ModelCard(**{**card.__dict__, "generation": be.GenerationSupport(
+        **{**card.generation.__dict__, **generation})})
+
+
+def _scrape() -> dict[str, float]:
+    from prometheus_client import REGISTRY, generate_latest
+
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in generate_latest(REGISTRY).decode().splitlines() if line and not line.startswith("#")}
+
+
+async def test_priority_without_support_is_served_in_default_order_counted_and_said_once(serve, caplog):
+    """Upstream: "The priority key is used only when the selected model and task advertise priority
+    support" -- a router sends it on every request; revision 1 (a request field) still refuses it."""
+    async with serve(cards=[_card_without(supports_priority=False)], config={"metrics": True}) as h:
+        inference, control = stubs(h)
+        for _ in range(2):
+            events = await v01_collect(inference, req(), metadata=(("openengine-priority", "3"),))
+            assert events[-1].HasField("finished")
+            assert h.fake.seen_params[-1].priority is None  # never handed to the engine
+        mi = await control.GetModelInfo(v01_model.GetModelInfoRequest(model="tiny"))
+        assert mi.generation.HasField("supports_priority") and not mi.generation.supports_priority
+        load = await control.GetLoad(v01_server.GetLoadRequest())
+        assert load.attributes["openengine.priority_ignored"] == 2
+        assert _scrape()["openengine_priority_ignored_total"] == 2
+        said = [r for r in caplog.records if "openengine-priority" in r.getMessage()]
+        assert len(said) == 1 and "default order" in said[0].getMessage()
+        # malformed values stay INVALID_ARGUMENT
+        await expect_status(inference.Generate(req(), metadata=(("openengine-priority", "high"),)),
+                            grpc.StatusCode.INVALID_ARGUMENT, "openengine-priority", "base-10 int32")
+        err = await expect_status(h.stub.Generate(gen_request("hi", priority=3)),
+                                  grpc.StatusCode.INVALID_ARGUMENT, "priority", "does not advertise")
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert h.server.service.leniency.priority_ignored == 2  # revision 1's refusal is not counted
+
+
+async def test_explicit_defaults_of_unadvertised_options_are_served(serve):
+    """Dynamo forwards a user's bypass_prefix_cache=false as present-and-false: it asks for what every
+    engine does anyway, as do include_stop_in_output=false and an empty cache_salt. true is still
+    refused on v0.1.0, and revision 1 refuses every explicit unadvertised option."""
+    card = _card_without(supports_prefix_cache_bypass=False, supports_stop_in_output=False,
+                         supports_cache_salt=False)
     async with serve(cards=[card]) as h:
         inference, _ = stubs(h)
-        err = await expect_status(inference.Generate(req(), metadata=(("openengine-priority", "3"),)),
-                                  grpc.StatusCode.INVALID_ARGUMENT, "openengine-priority", "supports_priority")
-        assert v01_rejection(err).code == v01_error.ERROR_CODE_UNSUPPORTED_FEATURE
+        defaults = dict(kv=v01_gen.KvOptions(bypass_prefix_cache=False, cache_salt=""),
+                        stopping=v01_gen.StoppingOptions(max_tokens=2, include_stop_in_output=False))
+        assert (await v01_collect(inference, v01_gen.GenerateRequest(prompt="hi", **defaults)))[-1].HasField("finished")
+        seen = h.fake.seen_params[-1]
+        assert seen.bypass_prefix_cache is None and seen.cache_salt is None
+        assert seen.stopping.include_stop_in_output is None
+        for fields, fragment in ((dict(kv=v01_gen.KvOptions(bypass_prefix_cache=True)), "kv.bypass_prefix_cache"),
+                                 (dict(kv=v01_gen.KvOptions(cache_salt="tenant")), "kv.cache_salt"),
+                                 (dict(stopping=v01_gen.StoppingOptions(include_stop_in_output=True)),
+                                  "stopping.include_stop_in_output")):
+            await expect_status(inference.Generate(v01_gen.GenerateRequest(prompt="hi", **fields)),
+                                grpc.StatusCode.INVALID_ARGUMENT, fragment)
+        from openengine_adapters.v1 import generation_pb2 as rev1_gen
+
+        await expect_status(h.stub.Generate(gen_request("hi", kv=rev1_gen.KvOptions(bypass_prefix_cache=False))),
+                            grpc.StatusCode.INVALID_ARGUMENT, "kv.bypass_prefix_cache")
+        await expect_status(h.stub.Generate(gen_request("hi", stopping=rev1_gen.StoppingOptions(
+            include_stop_in_output=False))), grpc.StatusCode.INVALID_ARGUMENT, "include_stop_in_output")
 
 
 async def test_target_dp_rank_metadata(serve):
@@ -261,9 +322,12 @@ async def test_kv_options_renumbered(oe):
     await v01_collect(inference, req(kv=v01_gen.KvOptions(bypass_prefix_cache=True, cache_salt="salt")))
     seen = oe.fake.seen_params[-1]
     assert seen.bypass_prefix_cache is True and seen.cache_salt == "salt" and seen.data_parallel_rank is None
-    err = await expect_status(inference.Generate(req(kv=v01_gen.KvOptions(cache_salt=""))),
+    # an empty salt namespaces nothing: the engine's default on v0.1.0 (issue 24); revision 1 refuses it
+    await v01_collect(inference, req(kv=v01_gen.KvOptions(cache_salt="")))
+    assert oe.fake.seen_params[-1].cache_salt is None
+    err = await expect_status(oe.stub.Generate(gen_request("hi", kv=rev1_kv_options(cache_salt=""))),
                               grpc.StatusCode.INVALID_ARGUMENT, "kv.cache_salt")
-    assert v01_rejection(err).code == v01_error.ERROR_CODE_INVALID_ARGUMENT
+    assert rejection(err).code == ErrorCode.INVALID_ARGUMENT
 
 
 async def test_modality_unspecified_is_not_an_image(oe):
@@ -300,7 +364,14 @@ async def test_lora_lifecycle_is_shared(oe, tmp_path):
 async def test_kv_events_and_sources(oe):
     inference, control = stubs(oe)
     sources = await control.GetKvEventSources(v01_kv.GetKvEventSourcesRequest())
-    assert sources.sources[0].endpoint_addr.host == "127.0.0.1", "wildcards are never advertised"
+    native, zmq = sources.sources  # our own SubscribeKvEvents first, then the engine's publisher
+    assert (native.transport, native.encoding, native.topic) == ("grpc", "protobuf",
+                                                                 "openengine.v1.Control/SubscribeKvEvents")
+    assert (native.endpoint_addr.host, native.endpoint_addr.port) == ("127.0.0.1", oe.server.port)
+    assert native.HasField("data_parallel_rank") and native.data_parallel_rank == 0
+    assert zmq.transport == "zmq" and zmq.endpoint_addr.host == "127.0.0.1", "wildcards are never advertised"
+    rev1 = await oe.stub.GetKvEventSources(kv_pb2.GetKvEventSourcesRequest())
+    assert [s.transport for s in rev1.sources] == ["zmq"]  # revision 1: the engine's own publishers
     sub = control.SubscribeKvEvents(v01_kv.SubscribeKvEventsRequest(include_snapshot=True))
     first = await asyncio.wait_for(sub.read(), 5)
     assert first.WhichOneof("event") == "batch"
@@ -399,3 +470,65 @@ async def test_a_reflection_only_client_calls_every_service(oe):
         else:
             out = json_format.MessageToDict(await call(request, timeout=10))
             assert out["engineName"] == "fake", out
+
+
+async def test_prefill_accepts_the_decode_legs_output_options_on_v0_1(serve):
+    """Dynamo's sidecars send the user's logprob, guided, min_tokens and stop options on the prefill leg
+    (TensorRT-LLM's carries the first token's logprob to decode in the handoff): the prefill serves it
+    and ends with PrefillReady; min_tokens is capped at the one token a prefill samples. Revision 1
+    keeps refusing output logprobs and guided decoding on a PREFILL engine."""
+    async with serve(role=EngineRole.PREFILL) as h:
+        inference, _ = stubs(h)
+        request = v01_gen.GenerateRequest(
+            prompt="hi", stopping=v01_gen.StoppingOptions(max_tokens=1, min_tokens=4, conditions=[
+                v01_gen.StopCondition(stop_text="."), v01_gen.StopCondition(stop_token_id=5)]),
+            response=v01_gen.ResponseOptions(return_output_logprobs=True,
+                                             output_candidates=v01_gen.CandidateTokenSelection(top_n=0)),
+            guided=v01_gen.GuidedDecoding(choice=v01_gen.ChoiceConstraint(choices=["yes", "no"])))
+        events = await v01_collect(inference, request)
+        assert [e.WhichOneof("event") for e in events] == ["prefill_ready"]
+        seen = h.fake.seen_params[-1]
+        assert seen.logprobs.output and seen.guided is not None
+        assert seen.stopping.max_tokens == 1 and seen.stopping.min_tokens == 1 and seen.stopping.stop_texts == (".",)
+        from openengine_adapters.v1 import generation_pb2 as rev1_gen
+
+        for fields, fragment in ((dict(response=rev1_gen.ResponseOptions(return_output_logprobs=True)),
+                                  "return_output_logprobs"),
+                                 (dict(guided=rev1_gen.GuidedDecoding(json_object=rev1_gen.JsonObjectConstraint())),
+                                  "guided")):
+            await expect_status(h.stub.Generate(gen_request("hi", **fields)), grpc.StatusCode.FAILED_PRECONDITION,
+                                fragment, "PREFILL")
+
+
+async def test_decode_without_a_session_is_served_locally_on_v0_1(serve):
+    """Conditional disaggregation (Dynamo's TensorRT-LLM sidecar sends short prompts straight to the
+    decode worker; TensorRT-LLM's server serves a request without kv.session as a plain one): served
+    on v0.1.0; revision 1's role rule still refuses it."""
+    async with serve(role=EngineRole.DECODE) as h:
+        inference, _ = stubs(h)
+        events = await v01_collect(inference, req(max_tokens=3))
+        assert events[-1].HasField("finished") and events[-1].usage.completion_tokens == 3
+        assert h.fake.seen_params[-1].kv_session is None
+        await expect_status(h.stub.Generate(gen_request("hi")), grpc.StatusCode.FAILED_PRECONDITION,
+                            "kv.session", "DECODE")
+
+
+async def test_decode_that_cannot_serve_locally_says_why(serve):
+    """An engine whose DECODE role has no local prefill (SGLang: backend.local_decode_refusal) refuses the
+    request before acceptance, naming why, and says so in ServerInfo.extra; one that can says "served"."""
+    from fake_backend import FakeBackend
+    from helpers import serve_backend
+
+    async with serve(role=EngineRole.DECODE) as h:
+        info = await stubs(h)[1].GetServerInfo(v01_server.GetServerInfoRequest())
+        assert json_format.MessageToDict(info.extra)["decode_without_kv_session"] == "served"
+    fake = FakeBackend(role=EngineRole.DECODE)
+    fake.local_decode_refusal = "this engine's decode mode has no local prefill"
+    async with serve_backend(fake) as h:
+        inference, control = stubs(h)
+        err = await expect_status(inference.Generate(req()), grpc.StatusCode.FAILED_PRECONDITION,
+                                  "kv.session", "no local prefill")
+        assert v01_rejection(err).code == v01_error.ERROR_CODE_ROLE_MISMATCH
+        info = await control.GetServerInfo(v01_server.GetServerInfoRequest())
+        assert json_format.MessageToDict(info.extra)["decode_without_kv_session"].startswith("refused: ")
+        assert not fake.seen_params

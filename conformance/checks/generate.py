@@ -47,14 +47,18 @@ async def prefill_ready(ctx):
 
 @check("generate.prefill_card_matches_role", "role PREFILL")
 async def prefill_card_matches_role(ctx):
-    """A PREFILL engine's ModelInfo does not advertise what its role refuses (output logprobs, guided
-    decoding, more than one sequence or output token), and it refuses those requests before acceptance."""
+    """A PREFILL engine's ModelInfo does not advertise what its role refuses (more than one sequence or
+    output token; on revision 1 also output logprobs and guided decoding), and it refuses those requests
+    before acceptance. On v0.1.0 a prefill takes the decode leg's output logprobs and guided decoding, as
+    Dynamo's sidecars send them (no v0.1.0 text forbids them): where advertised they end in PrefillReady."""
     if ctx.role != engine_pb2.ENGINE_ROLE_PREFILL:
         raise Skip(f"role {ctx.role_name} is not PREFILL")
     mi = ctx.mi()
     gen = mi.generation
-    expect(not gen.output_logprobs.supported, "a PREFILL engine advertises output logprobs")
-    expect(not gen.guided_decoding.supported, "a PREFILL engine advertises guided decoding")
+    v0_1 = ctx.options.contract == "v0.1.0"
+    if not v0_1:
+        expect(not gen.output_logprobs.supported, "a PREFILL engine advertises output logprobs")
+        expect(not gen.guided_decoding.supported, "a PREFILL engine advertises guided decoding")
     expect(not gen.HasField("max_num_sequences") or gen.max_num_sequences <= 1,
            f"a PREFILL engine advertises max_num_sequences {gen.max_num_sequences}")
     expect(not mi.HasField("max_output_tokens") or mi.max_output_tokens <= 1,
@@ -66,17 +70,43 @@ async def prefill_card_matches_role(ctx):
     seqs = ctx.request("pf-n", max_tokens=None, sampling=G.SamplingParams(num_sequences=2))
     tokens = ctx.request("pf-tokens", max_tokens=None)
     tokens.stopping.max_tokens = 2
-    for req, what in ((lp, "output logprobs"), (guided, "guided decoding"), (seqs, "num_sequences 2"),
-                      (tokens, "max_tokens 2")):
+    refused = [(seqs, "num_sequences 2"), (tokens, "max_tokens 2")]
+    for req, what, advertised in ((lp, "output logprobs", gen.output_logprobs.supported),
+                                  (guided, "guided decoding", model_pb2.GUIDED_DECODING_MODE_JSON_OBJECT in
+                                   gen.guided_decoding.modes and gen.guided_decoding.supported)):
+        if not v0_1:
+            refused.append((req, what))
+        elif advertised:
+            s = await ctx.run(req, prefill=True)
+            expect(s.error is None and s.prefill_ready is not None,
+                   f"{what} on a PREFILL engine (v0.1.0) did not end in PrefillReady: {s.error}")
+    for req, what in refused:
         await ctx.gen_rejected(req, *codes, what=f"{what} on a PREFILL engine")
 
 
 @check("generate.decode_requires_session", "role DECODE")
 async def decode_requires_session(ctx):
-    """A DECODE engine refuses a request without kv.session before acceptance (non-OK status)."""
+    """Revision 1: a DECODE engine refuses a request without kv.session before acceptance (non-OK status).
+    v0.1.0: it serves it locally (conditional disaggregation, as TensorRT-LLM's server and Dynamo's
+    TensorRT-LLM sidecar use it: short prompts skip the prefill worker)."""
     if ctx.role != engine_pb2.ENGINE_ROLE_DECODE:
         raise Skip(f"role {ctx.role_name} is not DECODE")
     codes = [c for c in C if c != C.OK]
+    if ctx.options.contract == "v0.1.0":
+        from google.protobuf import json_format
+
+        from openengine_adapters.v0_1 import openengine_pb2_grpc, server_pb2
+
+        info = await openengine_pb2_grpc.ControlStub(ctx.channel).GetServerInfo(
+            server_pb2.GetServerInfoRequest(), timeout=ctx.options.check_timeout_s)
+        said = str(json_format.MessageToDict(info.extra).get("decode_without_kv_session", "served"))
+        if said.startswith("refused"):  # an engine that cannot serve it locally says why (ServerInfo.extra)
+            await ctx.gen_rejected(ctx.request("nosess"), C.FAILED_PRECONDITION,
+                                   what="Generate without kv.session on a DECODE engine that says it refuses it")
+            return
+        s = await ctx.run(ctx.request("nosess"))
+        expect(s.error is None, f"Generate without kv.session on DECODE (v0.1.0): EngineError {s.error}")
+        return
     await ctx.gen_rejected(ctx.request("nosess"), *codes, what="Generate without kv.session on DECODE")
 
 
@@ -347,11 +377,20 @@ async def _gated(ctx, caps, name: str, req, what: str):
         ctx.reported(caps, name, what)
 
 
-@check("generate.priority", "advertised supports_priority (else rejected)")
+@check("generate.priority", "advertised supports_priority (else rejected on revision 1)")
 async def priority(ctx):
-    """priority works when supports_priority, else INVALID_ARGUMENT (never silently ignored)."""
+    """priority works when supports_priority, else INVALID_ARGUMENT on revision 1 (never silently ignored);
+    v0.1.0's ``openengine-priority`` "is used only when the selected model and task advertise priority
+    support", so there the request is served (in default order) and supports_priority says false."""
     ctx.require_generation()
-    await _gated(ctx, ctx.gen_caps(), "supports_priority", ctx.request("prio", priority=1), "priority")
+    req = ctx.request("prio", priority=1)
+    if ctx.options.contract == "v0.1.0" and not ctx.gen_caps().supports_priority:
+        s = await ctx.run(req)
+        expect(s.error is None, f"openengine-priority on a model without priority: EngineError {s.error}")
+        expect(ctx.gen_caps().HasField("supports_priority"),
+               "priority is served in default order, yet supports_priority is absent (unreported)")
+        return
+    await _gated(ctx, ctx.gen_caps(), "supports_priority", req, "priority")
 
 
 @check("generate.cache_salt", "advertised supports_cache_salt (else rejected)")

@@ -42,6 +42,8 @@ async def event_sources(ctx):
         expect(src.endpoint_addr.host not in WILDCARDS,
                f"source {i} endpoint_addr.host {src.endpoint_addr.host!r} is a wildcard")
         expect(src.endpoint_addr.port > 0, f"source {i} endpoint_addr.port is 0")
+        if src.transport == "grpc":  # upstream: "Native OpenEngine streams should use protobuf"
+            expect(src.encoding == "protobuf", f"source {i} is a grpc source with encoding {src.encoding!r}")
 
 
 class _Sub:

@@ -112,17 +112,36 @@ async def dp_rank_out_of_range(ctx):
 
 @check("v0_1.metadata.priority_as_advertised", "contract v0.1.0; role AGGREGATED")
 async def priority_as_advertised(ctx):
-    """"The priority key is used only when the selected model and task advertise priority support":
-    accepted where advertised, refused where it is not (never silently ignored)."""
+    """"The priority key is used only when the selected model and task advertise priority support": a
+    router sends it on every request, so a model without priority support serves it in its default order
+    (ModelInfo keeps saying supports_priority false); a malformed value stays INVALID_ARGUMENT
+    (v0_1.metadata.malformed_values)."""
     inference, _ = _v0_1(ctx)
     ctx.require_generation()
     call = inference.Generate(_request(ctx), metadata=(("openengine-priority", "1"),),
                               timeout=ctx.options.check_timeout_s)
-    if ctx.gen_caps().supports_priority:
-        events = [e async for e in call]
-        expect(events and events[-1].WhichOneof("event") == "finished", "a prioritized request did not finish")
-    else:
-        await _refused(ctx, call, grpc.StatusCode.INVALID_ARGUMENT, "openengine-priority on a model without priority")
+    events = [e async for e in call]
+    expect(events and events[-1].WhichOneof("event") == "finished",
+           f"a prioritized request did not finish (supports_priority {ctx.gen_caps().supports_priority})")
+    expect(ctx.gen_caps().HasField("supports_priority"),
+           "openengine-priority is served, yet supports_priority is absent (unreported)")
+
+
+@check("v0_1.explicit_defaults_served", "contract v0.1.0; role AGGREGATED")
+async def explicit_defaults_served(ctx):
+    """"Optional scalars preserve the distinction between an engine default and explicit zero or false":
+    an explicit false asks for the engine's default. Dynamo's sidecar forwards a user's
+    bypass_prefix_cache=false as present-and-false; with include_stop_in_output=false it asks for what
+    every engine does without the option, advertised or not, so the request is served."""
+    inference, _ = _v0_1(ctx)
+    ctx.require_generation()
+    req = _request(ctx)
+    req.kv.bypass_prefix_cache = False
+    req.stopping.include_stop_in_output = False
+    events = [e async for e in inference.Generate(req, timeout=ctx.options.check_timeout_s)]
+    expect(events and events[-1].WhichOneof("event") == "finished",
+           "bypass_prefix_cache=false / include_stop_in_output=false ended with "
+           f"{events[-1].WhichOneof('event') if events else 'nothing'}")
 
 
 @check("v0_1.extra.unknown_keys_ignored", "contract v0.1.0; role AGGREGATED")

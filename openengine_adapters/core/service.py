@@ -66,6 +66,7 @@ from openengine_adapters.validation.extra import parse_extra
 from openengine_adapters.validation.generate import EngineContext, parse_generate
 from openengine_adapters.validation.ids import check_request_id
 from openengine_adapters.validation.kv import WILDCARD_HOSTS, parse_kv_session
+from openengine_adapters.validation.leniency import Leniency
 from openengine_adapters.validation.tasks import parse_classify, parse_embed, parse_score
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,11 @@ class ServiceOptions:
     max_subscriptions: int | None = 64  # open KV + runtime event subscriptions; None = unlimited
     stall_timeout_s: float = 30.0  # a stream whose client takes no message for this long is ended; 0 = off
     progress_timeout_s: float = 120.0  # work pending and no engine progress this long = hung; 0 = off
+    ignored_options: str = "refuse"  # v0.1.0: options the engine would ignore are refused or dropped (leniency)
 
+
+# the native KV-event source's topic: the RPC that serves it (v0.1.0's Control service)
+NATIVE_KV_EVENTS_TOPIC = "openengine.v1.Control/SubscribeKvEvents"
 
 def _unimplemented(what: str) -> RequestRejected:
     return RequestRejected(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not implemented by this engine "
@@ -171,12 +176,15 @@ class EngineService:
                                  on_engine_failure=self._end_all_streams,
                                  on_state_change=lambda: self._background(self.health.refresh()))
         self.health.watchdog = self.watchdog
+        self.leniency = Leniency(options.ignored_options)  # what the v0.1.0 reading accepts, counted
+        self.grpc_port: int | None = None  # the server's bound port, once it has one (native KV-event source)
         conn = backend.kv_connector()
         self._engine = EngineContext(
             role=self.identity.role,
             data_parallel_size=self.identity.parallelism.data_parallel_size or 1,
             loaded_loras=self._loras,
             transfer_backend=conn.transfer_backend if conn is not None else "",
+            local_decode_refusal=backend.local_decode_refusal,
         )
 
     def _check_declarations(self) -> None:
@@ -241,11 +249,12 @@ class EngineService:
     # ------------------------------------------------------------------ generation
 
     async def Generate(self, request, context, extra: Mapping[str, Any] | None = None,
-                       trace_headers: Mapping[str, str] | None = None) -> AsyncIterator:
+                       trace_headers: Mapping[str, str] | None = None, lenient: bool = False) -> AsyncIterator:
         """``extra`` (v0.1.0 GenerateRequest.extra) and ``trace_headers`` (W3C Trace Context from
-        gRPC metadata) come from the v0.1.0 surface, which has no revision-1 field for them."""
+        gRPC metadata) come from the v0.1.0 surface, which has no revision-1 field for them;
+        ``lenient`` reads the request as v0.1.0 does (``validation.leniency``)."""
         try:
-            params, entry, chunks = await self._accept_generate(request, extra, trace_headers)
+            params, entry, chunks = await self._accept_generate(request, extra, trace_headers, lenient)
         except Exception as exc:  # a backend bug before acceptance too: a status, never a crash
             if not isinstance(exc, RequestRejected):
                 log.exception("Generate %r failed before acceptance", request.request_id)
@@ -330,13 +339,14 @@ class EngineService:
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
 
-    async def _accept_generate(self, request, extra, trace_headers):
+    async def _accept_generate(self, request, extra, trace_headers, lenient: bool = False):
         self._require(Feature.GENERATE, "Generate")
         self._check_accepting()
         check_request_id(request.request_id, "request_id")
         request_id = request.request_id or f"oe-{uuid.uuid4().hex}"
         card = self.catalog.resolve(request.model)
-        params: GenerateParams = parse_generate(request, request_id, card, self._engine)
+        params: GenerateParams = parse_generate(request, request_id, card, self._engine,
+                                                self.leniency if lenient else None)
         trace_headers = engine_trace_headers(trace_headers)  # our RPC span's context when tracing is on
         if extra or trace_headers:
             params = dataclasses.replace(params, extra=parse_extra(extra or {}, self.backend.request_extra),
@@ -457,8 +467,9 @@ class EngineService:
             snapshot = dataclasses.replace(snapshot, timestamp_unix_nanos=time.time_ns())
         if not include_per_rank and snapshot.ranks:
             snapshot = dataclasses.replace(snapshot, ranks=())
-        # the watchdogs' findings, once there are any: the contract's place for them is the attributes map
-        wd, extra = self.watchdog, {}
+        # what the v0.1.0 reading accepted without applying, and the watchdogs' findings, once there are
+        # any: the contract's place for them is the attributes map
+        wd, extra = self.watchdog, self.leniency.attributes()
         if wd.stalled_streams:
             extra["openengine.stalled_streams_ended"] = wd.stalled_streams
         if wd.hung or wd.dead_reason:
@@ -647,9 +658,26 @@ class EngineService:
 
     @_unary
     async def GetKvEventSources(self, request: kv_pb2.GetKvEventSourcesRequest, context):
-        self._require(Feature.KV_EVENT_SOURCES, "GetKvEventSources")
+        return self.kv_event_sources(request)
+
+    def kv_event_sources(self, request: kv_pb2.GetKvEventSourcesRequest,
+                         native: bool = False) -> kv_pb2.GetKvEventSourcesResponse:
+        """The engine's own publishers; with ``native`` (v0.1.0) first our ``SubscribeKvEvents`` itself,
+        one ``grpc``/``protobuf`` source per DP rank it serves ("transport: grpc, zmq"; "Clients should
+        prefer SubscribeKvEvents when available"), so a client that discovers sources finds it."""
+        native = native and Feature.KV_EVENTS in self.backend.features and self.grpc_port is not None
+        if not native:
+            self._require(Feature.KV_EVENT_SOURCES, "GetKvEventSources")
         ranks = list(request.data_parallel_ranks)
         resp = kv_pb2.GetKvEventSourcesResponse()
+        if native:
+            for rank in range(self.identity.parallelism.data_parallel_size or 1):
+                if not ranks or rank in ranks:
+                    resp.sources.add(transport="grpc", topic=NATIVE_KV_EVENTS_TOPIC, data_parallel_rank=rank,
+                                     encoding="protobuf", endpoint_addr=kv_pb2.KvEndpoint(
+                                         host=self.options.advertise_host, port=self.grpc_port, protocol="grpc"))
+        if Feature.KV_EVENT_SOURCES not in self.backend.features:
+            return resp
         for src in self.backend.kv_event_sources(ranks):
             if ranks and src.data_parallel_rank is not None and src.data_parallel_rank not in ranks:
                 continue

@@ -32,21 +32,25 @@ def card_problems(obj, path: str = "") -> list[str]:
     return problems
 
 
-def model_info(card: be.ModelCard, role: EngineRole = EngineRole.AGGREGATED) -> model_pb2.ModelInfo:
-    msg = presence.fill(model_pb2.ModelInfo(), card_for_role(card, role), frozenset({"served_model_name"}))
+def model_info(card: be.ModelCard, role: EngineRole = EngineRole.AGGREGATED,
+               lenient: bool = False) -> model_pb2.ModelInfo:
+    msg = presence.fill(model_pb2.ModelInfo(), card_for_role(card, role, lenient), frozenset({"served_model_name"}))
     msg.served_model_name = card.names[0]
     return msg
 
 
-def card_for_role(card: be.ModelCard, role: EngineRole) -> be.ModelCard:
+def card_for_role(card: be.ModelCard, role: EngineRole, lenient: bool = False) -> be.ModelCard:
     """The card as this engine's role lets requests use it: a PREFILL engine refuses output
     logprobs, guided decoding, several sequences and more than one token (the role rule in
     ``validation.generate``), so it reports them as unsupported or limited, not the model's
-    support."""
+    support. ``lenient`` (v0.1.0): a PREFILL engine takes the decode leg's output logprobs and
+    guided decoding (``validation.leniency``), so those report the model's support."""
     if role != EngineRole.PREFILL:
         return card
     gen = card.generation
-    if gen is not None:
+    if gen is not None and lenient:
+        gen = dataclasses.replace(gen, max_num_sequences=1)
+    elif gen is not None:
         gen = dataclasses.replace(gen, output_logprobs=be.LogprobSupport(supported=False),
                                   guided_decoding=be.GuidedSupport(supported=False), max_num_sequences=1)
     return dataclasses.replace(card, generation=gen, max_output_tokens=1)

@@ -267,12 +267,18 @@ class SglangBackend(SglangCard, SglangLora, SglangTasks, be.EngineBackend):
             loads = await self.tm.get_loads(include=["core"])
         except Exception as exc:
             raise EngineFailure(ErrorCode.INTERNAL, f"SGLang get_loads failed: {exc}") from None
-        snap = translate.load_snapshot(loads, self.page_size, per_rank)
+        in_flight = sum(len(rids) for rids in self._live.values())  # engine requests (n per OpenEngine one)
+        snap = translate.with_in_flight(translate.load_snapshot(loads, self.page_size, per_rank), in_flight)
         attrs = dict(snap.attributes)
         attrs["in_flight_requests"] = len(self._live)
         return be.LoadSnapshot(**{**snap.__dict__, "attributes": attrs, "active_kv_sessions": self.open_kv_sessions()})
 
     # ------------------------------------------------------------------ generation
+
+    # SGLang's decode scheduler takes every request as a KV transfer to wait for (DecodePreallocQueue);
+    # only its fake bootstrap host skips the transfer, and then it decodes from KV nobody computed
+    local_decode_refusal = ("SGLang's decode mode serves only requests whose KV a prefill server sends "
+                            "(--disaggregation-mode decode has no local prefill)")
 
     async def validate_generate(self, params: be.GenerateParams) -> None:
         if params.priority is not None and self.low_first:

@@ -48,9 +48,9 @@ class SglangCard:
                 supports_cache_salt=self.radix,
                 supports_prefix_cache_bypass=False,  # SGLang has no per-request switch
                 max_stop_strings=translate.MAX_STOP_STRINGS,
-                seed_refusal=None if self.deterministic else (
-                    "SGLang honours a per-request seed only with --enable-deterministic-inference, which this "
-                    "engine runs without"),
+                ignored_options=() if self.deterministic else (be.IgnoredOption(
+                    "seed", "SGLang honours a per-request seed only with --enable-deterministic-inference, which "
+                    "this engine runs without"),),
             )
         tasks = None
         if self.is_generation and self.role == EngineRole.AGGREGATED:

@@ -12,6 +12,7 @@ with its own per-output offsets, before the caller awaits anything.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import uuid
@@ -435,6 +436,18 @@ def load_snapshot(loads: Sequence[Any], page_size: int, per_rank: bool) -> be.Lo
         ranks=tuple(ranks) if per_rank else (),
         attributes={"page_size": str(page)},
     )
+
+
+def with_in_flight(snap: be.LoadSnapshot, in_flight: int) -> be.LoadSnapshot:
+    """Count what is in flight the moment it is. SGLang publishes its ``get_loads`` snapshot on a
+    prefill and then every 15 decode steps (and when idle), so a request that runs can read as
+    ``running 0`` until the next one; every engine request the adapter holds and SGLang does not
+    report queued is running (TensorRT-LLM's own tests pin that in-flight work is counted:
+    NVIDIA/TensorRT-LLM tests/unittest/grpc/openengine/). Per-rank rows stay SGLang's."""
+    if snap.running_requests is None:
+        return snap
+    running = max(snap.running_requests, in_flight - (snap.queued_requests or 0))
+    return dataclasses.replace(snap, running_requests=running)
 
 
 # --------------------------------------------------------------------------- KV events

@@ -44,6 +44,7 @@ from openengine_adapters.types import (
 log = logging.getLogger(__name__)
 
 # sampling field -> its no-op values: what TensorRT-LLM 1.2's TorchSampler accepts and ignores
+# (the card's ignored_options: refused, or dropped under --ignored-options ignore, in validation)
 IGNORED_BY_TORCH_SAMPLER = (("repetition_penalty", (1.0,)), ("presence_penalty", (0.0,)),
                             ("frequency_penalty", (0.0,)), ("min_p", (0.0,)), ("seed", ()))
 
@@ -89,7 +90,10 @@ class TrtllmBackend(TrtllmCard, EngineQueuePolling, LazyLoraRegistry, TrtllmTask
         self.sampler = str(getattr(sampler, "value", sampler))
         # TorchSampler (sampler_type auto or TorchSampler) ignores these in TensorRT-LLM 1.2; the C++
         # decoder behind TRTLLMSampler applies them
-        self.ignored_sampling = () if self.sampler == "TRTLLMSampler" else IGNORED_BY_TORCH_SAMPLER
+        self.ignored_sampling = () if self.sampler == "TRTLLMSampler" else tuple(
+            be.IgnoredOption(name, f"TensorRT-LLM's TorchSampler (sampler_type {self.sampler}) ignores it; serve "
+                                   "with sampler_type: TRTLLMSampler to use it", neutral)
+            for name, neutral in IGNORED_BY_TORCH_SAMPLER)
         self.attention_dp = bool(llm_arg(args, "enable_attention_dp", default=False))
         self.tp = llm_arg(args, "tensor_parallel_size", default=1)
         self.pp = llm_arg(args, "pipeline_parallel_size", default=1)
@@ -238,11 +242,6 @@ class TrtllmBackend(TrtllmCard, EngineQueuePolling, LazyLoraRegistry, TrtllmTask
         return max(len(self.tokenizer.encode(s, add_special_tokens=False)) for s in st.stop_texts) - 1
 
     async def validate_generate(self, params: be.GenerateParams) -> None:
-        for name, neutral in self.ignored_sampling:
-            value = getattr(params.sampling, name)
-            if value is not None and value not in neutral:
-                raise invalid(f"sampling.{name}: TensorRT-LLM's TorchSampler (sampler_type {self.sampler}) ignores "
-                              "it; serve with sampler_type: TRTLLMSampler to use it")
         if self.role == EngineRole.DECODE and params.kv_session is not None:
             translate.decode_disaggregated(params.kv_session, self._disagg_fields())
             check_seal(params.kv_session.attributes, params.prompt, params.token_ids)
@@ -290,7 +289,7 @@ class TrtllmBackend(TrtllmCard, EngineQueuePolling, LazyLoraRegistry, TrtllmTask
 
             if self.role == EngineRole.PREFILL:
                 kw["disaggregated_params"] = DisaggregatedParams(request_type="context_only")
-            else:
+            elif params.kv_session is not None:  # none: a local request (TensorRT-LLM's server: no params)
                 kw["disaggregated_params"] = DisaggregatedParams(
                     **translate.decode_disaggregated(params.kv_session, self._disagg_fields()))
         return kw
@@ -305,7 +304,8 @@ class TrtllmBackend(TrtllmCard, EngineQueuePolling, LazyLoraRegistry, TrtllmTask
         prompt_len = self._prompt_len(params)
         sp = self._sampling_params(params, prompt_len)
         kw = self._engine_kwargs(params)
-        used = translate.session_key(kw["disaggregated_params"]) if self.role == EngineRole.DECODE else None
+        used = (translate.session_key(kw["disaggregated_params"])
+                if self.role == EngineRole.DECODE and "disaggregated_params" in kw else None)
         if used is not None:
             self.sessions.consume(used)  # a second decode would pull KV the prefill side released
         try:

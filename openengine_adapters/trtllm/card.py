@@ -57,13 +57,20 @@ class TrtllmCard:
         names = self.options.served_model_names or (str(llm_arg(self.args, "model", default="model")),)
         top = be.LogprobSupport(True, (CandidateMode.TOP_N,), self.options.max_top_n)
         n_max = self.options.max_num_sequences or self.max_batch_size or 8
+        output = top
+        if self.role == EngineRole.PREFILL and "first_gen_log_probs" not in self._disagg_fields():
+            # a prefill's output logprobs are the decode's first token's (v0.1.0 lets a prefill carry the
+            # decode leg's options): without DisaggregatedParams.first_gen_log_probs (1.2) they cannot
+            # travel in the handoff, as TensorRT-LLM's server carries them (grpc/openengine/disagg.py)
+            output = be.LogprobSupport(False)
         gen = be.GenerationSupport(
-            prompt_logprobs=top, output_logprobs=top,
+            prompt_logprobs=top, output_logprobs=output,
             guided_decoding=card.guided_support(GUIDED_BY_BACKEND.get(self.guided_backend), self.guided_backend),
             max_num_sequences=n_max,
             supports_priority=False, supports_stop_in_output=True,
             supports_cache_salt=self.block_reuse and "cache_salt" in self._accepts,
             supports_prefix_cache_bypass=False,
+            ignored_options=self.ignored_sampling,
         )
         tasks = None
         if self.role == EngineRole.AGGREGATED:

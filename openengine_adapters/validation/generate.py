@@ -2,7 +2,9 @@
 
 Each failure is a ``RequestRejected`` whose message names the field and the rule. Options the
 model card does not advertise are rejected when explicitly present (presence, not truthiness),
-never ignored.
+never ignored: that is revision 1's reading. The v0.1.0 surface passes a ``Leniency``: upstream's
+text and its clients read some of those requests as servable (``validation.leniency``), and each is
+accepted here, in this one place, and counted.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from openengine_adapters.validation.inputs import (
     media_modality,
 )
 from openengine_adapters.validation.kv import parse_kv_session
+from openengine_adapters.validation.leniency import IGNORE, Leniency
 
 _NO_GENERATION = GenerationSupport()
 _GUIDED_FIELDS = {
@@ -55,15 +58,20 @@ class EngineContext:
     data_parallel_size: int
     loaded_loras: Collection[str]
     transfer_backend: str = ""
+    local_decode_refusal: str | None = None  # EngineBackend.local_decode_refusal
 
 
 def parse_generate(
-    req: generation_pb2.GenerateRequest, request_id: str, card: ModelCard, engine: EngineContext
+    req: generation_pb2.GenerateRequest, request_id: str, card: ModelCard, engine: EngineContext,
+    lenient: Leniency | None = None,
 ) -> GenerateParams:
+    """``lenient``: the v0.1.0 surface's reading (module docstring); None is revision 1's."""
     gen = card.generation or _NO_GENERATION
     prompt, token_ids = _parse_input(req, card)
-    sampling = _parse_sampling(req, gen) if req.HasField("sampling") else Sampling()
-    stopping = _parse_stopping(req, card, gen) if req.HasField("stopping") else Stopping()
+    sampling = _parse_sampling(req, gen, lenient) if req.HasField("sampling") else Sampling()
+    # v0.1.0 prefill: the decode leg's min_tokens comes along with the prefill's max_tokens 1 (capped below)
+    prefill_leg = lenient is not None and engine.role == EngineRole.PREFILL
+    stopping = _parse_stopping(req, card, gen, lenient, prefill_leg) if req.HasField("stopping") else Stopping()
     logprobs = _parse_response(req, gen, token_ids) if req.HasField("response") else LogprobRequest()
     guided = _parse_guided(req.guided, gen) if req.HasField("guided") else None
     media = _parse_media(req, card)
@@ -75,9 +83,12 @@ def parse_generate(
             raise not_found(f"lora_name: adapter {req.lora_name!r} is not loaded", ErrorCode.MODEL_NOT_FOUND)
     priority = None
     if req.HasField("priority"):
-        if not gen.supports_priority:
+        if gen.supports_priority:
+            priority = req.priority
+        elif lenient is not None:  # upstream: "used only when the model advertises priority support"
+            lenient.priority(card.names[0])
+        else:
             raise unsupported("priority: this model does not advertise priority scheduling")
-        priority = req.priority
 
     session = dp_rank = bypass = salt = None
     if req.HasField("kv"):
@@ -92,10 +103,11 @@ def parse_generate(
                 )
             dp_rank = kv.data_parallel_rank
         if kv.HasField("bypass_prefix_cache"):
-            if not gen.supports_prefix_cache_bypass:
+            if gen.supports_prefix_cache_bypass:
+                bypass = kv.bypass_prefix_cache
+            elif lenient is None or kv.bypass_prefix_cache:  # false asks for what every engine does
                 raise unsupported("kv.bypass_prefix_cache: prefix-cache bypass is not advertised")
-            bypass = kv.bypass_prefix_cache
-        if kv.HasField("cache_salt"):
+        if kv.HasField("cache_salt") and not (lenient is not None and not kv.cache_salt):  # "" salts nothing
             if not gen.supports_cache_salt:
                 raise unsupported("kv.cache_salt: cache salting is not advertised")
             if not kv.cache_salt:
@@ -120,9 +132,13 @@ def parse_generate(
         bypass_prefix_cache=bypass,
         cache_salt=salt,
     )
-    _check_role(params, engine.role)
+    _check_role(params, engine.role, lenient is not None)
+    if lenient is not None and engine.role == EngineRole.DECODE and session is None and engine.local_decode_refusal:
+        raise role_mismatch(f"kv.session: required here: {engine.local_decode_refusal}")
     if engine.role == EngineRole.PREFILL:  # one rule for every engine: the prefill samples one token
-        params = replace(params, stopping=replace(params.stopping, max_tokens=1))
+        min_tokens = params.stopping.min_tokens
+        params = replace(params, stopping=replace(
+            params.stopping, max_tokens=1, min_tokens=None if min_tokens is None else min(min_tokens, 1)))
     return params
 
 
@@ -147,7 +163,7 @@ def _parse_input(req, card: ModelCard) -> tuple[str | None, tuple[int, ...] | No
     return None, ids
 
 
-def _parse_sampling(req, gen: GenerationSupport) -> Sampling:
+def _parse_sampling(req, gen: GenerationSupport, lenient: Leniency | None) -> Sampling:
     s = req.sampling
     opt = {}
     for f in REAL_FIELDS:  # the sampling table: every value finite, then each in its range
@@ -163,9 +179,14 @@ def _parse_sampling(req, gen: GenerationSupport) -> Sampling:
             raise invalid("sampling.top_k: must be -1 or 0 (disabled) or a positive count")
         opt["top_k"] = s.top_k
     if s.HasField("seed"):
-        if gen.seed_refusal:
-            raise unsupported(f"sampling.seed: {gen.seed_refusal}")
         opt["seed"] = s.seed
+    for ignored in gen.ignored_options:  # options this engine would not apply: refused, or dropped
+        if ignored.name in opt and opt[ignored.name] not in ignored.neutral:
+            field = f"sampling.{ignored.name}"
+            if lenient is None or lenient.ignored_options != IGNORE:
+                raise unsupported(f"{field}: {ignored.reason}")
+            lenient.option(field, ignored.reason)
+            del opt[ignored.name]
     n = 1
     if s.HasField("num_sequences"):
         n = s.num_sequences
@@ -177,7 +198,8 @@ def _parse_sampling(req, gen: GenerationSupport) -> Sampling:
     return Sampling(num_sequences=n, **opt)
 
 
-def _parse_stopping(req, card: ModelCard, gen: GenerationSupport) -> Stopping:
+def _parse_stopping(req, card: ModelCard, gen: GenerationSupport, lenient: Leniency | None,
+                    prefill_leg: bool = False) -> Stopping:
     s = req.stopping
     max_tokens = min_tokens = ignore_eos = include = None
     if s.HasField("max_tokens"):
@@ -190,7 +212,7 @@ def _parse_stopping(req, card: ModelCard, gen: GenerationSupport) -> Stopping:
             )
     if s.HasField("min_tokens"):
         min_tokens = s.min_tokens
-        if max_tokens is not None and min_tokens > max_tokens:
+        if max_tokens is not None and min_tokens > max_tokens and not prefill_leg:
             raise invalid("stopping.min_tokens: must not exceed stopping.max_tokens")
     texts, ids = [], []
     for i, cond in enumerate(s.conditions):
@@ -209,9 +231,10 @@ def _parse_stopping(req, card: ModelCard, gen: GenerationSupport) -> Stopping:
     if s.HasField("ignore_eos"):
         ignore_eos = s.ignore_eos
     if s.HasField("include_stop_in_output"):
-        if not gen.supports_stop_in_output:
+        if gen.supports_stop_in_output:
+            include = s.include_stop_in_output
+        elif lenient is None or s.include_stop_in_output:  # false: what an engine does without the option
             raise unsupported("stopping.include_stop_in_output: not advertised by this model")
-        include = s.include_stop_in_output
     return Stopping(
         max_tokens=max_tokens,
         min_tokens=min_tokens,
@@ -330,9 +353,13 @@ def parse_media_item(m) -> Media:
     )
 
 
-def _check_role(p: GenerateParams, role: EngineRole) -> None:
-    """Role/request compatibility (spec: validated before acceptance, non-OK status)."""
-    if role == EngineRole.DECODE and p.kv_session is None:
+def _check_role(p: GenerateParams, role: EngineRole, lenient: bool = False) -> None:
+    """Role/request compatibility (spec: validated before acceptance, non-OK status). ``lenient`` (v0.1.0):
+    a DECODE engine serves a request without a session locally (conditional disaggregation: Dynamo's
+    TensorRT-LLM sidecar skips the prefill worker for short prompts; TensorRT-LLM's own server serves
+    it as a plain request), and a PREFILL request may carry the decode leg's output options (its one
+    sampled token honours them where the engine samples the first token there; see docs/interop.md)."""
+    if role == EngineRole.DECODE and p.kv_session is None and not lenient:
         raise role_mismatch("kv.session: a DECODE engine requires a KV session to decode from")
     if role in (EngineRole.AGGREGATED, EngineRole.UNSPECIFIED) and p.kv_session is not None:
         raise role_mismatch("kv.session: an AGGREGATED engine does not attach to KV sessions")
@@ -344,7 +371,7 @@ def _check_role(p: GenerateParams, role: EngineRole) -> None:
         if p.stopping.max_tokens is not None and p.stopping.max_tokens > 1:
             raise role_mismatch("stopping.max_tokens: a PREFILL engine does not perform decode "
                                 "generation (absent or 1)")
-        if p.logprobs.output:
+        if p.logprobs.output and not lenient:
             raise role_mismatch("response.return_output_logprobs: a PREFILL engine emits no output tokens")
-        if p.guided is not None:
+        if p.guided is not None and not lenient:
             raise role_mismatch("guided: a PREFILL engine does not perform constrained decoding")

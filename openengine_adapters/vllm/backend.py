@@ -8,6 +8,7 @@ before acceptance as INVALID_ARGUMENT. The output collector is then drained dire
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import uuid
 from collections.abc import Sequence
@@ -45,6 +46,20 @@ async def _next_output(collector):
         raise
     except Exception as exc:
         raise engine_failure(exc) from None
+
+
+def decode_leg_options_dropped(params: be.GenerateParams) -> be.GenerateParams:
+    """A prefill's request without the options only its decode leg applies (v0.1.0 lets a prefill carry
+    them, as Dynamo's sidecars send them). vLLM's decode engine recomputes the last prompt token from
+    the pulled KV and samples the first output token itself, under the decode request's own output
+    logprobs, guided decoding, min_tokens and stops; the prefill's sampled token is dropped
+    (``_prefill_stream``), so here they would only cost a grammar compile and a logprob pass."""
+    st = params.stopping
+    return dataclasses.replace(
+        params, guided=None,
+        logprobs=dataclasses.replace(params.logprobs, output=False, output_candidates=None),
+        stopping=dataclasses.replace(st, min_tokens=None, stop_texts=(), stop_token_ids=(),
+                                     include_stop_in_output=None))
 
 
 class VllmBackend(VllmCard, VllmTasks, be.EngineBackend):
@@ -217,9 +232,9 @@ class VllmBackend(VllmCard, VllmTasks, be.EngineBackend):
     def _sampling_params(self, params: be.GenerateParams, kv_transfer_params: dict | None = None):
         from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
-        kw = translate.sampling_kwargs(params)
         if self.role == EngineRole.PREFILL:  # max_tokens is 1 (validation): the decode side recomputes it
             kv_transfer_params = self.connector.prefill_transfer_params()
+        kw = translate.sampling_kwargs(params)
         if kv_transfer_params is not None:
             kw["extra_args"] = {**kw.get("extra_args", {}), "kv_transfer_params": kv_transfer_params}
         if params.guided is not None:
@@ -246,6 +261,8 @@ class VllmBackend(VllmCard, VllmTasks, be.EngineBackend):
         return request
 
     async def generate(self, params: be.GenerateParams):
+        if self.role == EngineRole.PREFILL:
+            params = decode_leg_options_dropped(params)
         handoff = None
         if params.kv_session is not None:  # a DECODE engine (the service checked the role)
             handoff = self.connector.decode_handoff(params.kv_session)

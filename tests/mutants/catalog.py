@@ -79,10 +79,10 @@ def wrap_parse_generate(before: Callable | None = None, after: Callable | None =
     service = _core()
     original = service.parse_generate
 
-    def parse(req, request_id, card, engine):
+    def parse(req, request_id, card, engine, lenient=None):
         if before is not None:
             before(req, card, engine)
-        params = original(req, request_id, card, engine)
+        params = original(req, request_id, card, engine, lenient)
         return after(params, req, card) if after is not None else params
 
     service.parse_generate = parse
@@ -386,13 +386,14 @@ def _():
 
     original = vg._check_role
 
-    def check_role(p, role):
+    def check_role(p, role, lenient=False):
         if role != EngineRole.AGGREGATED:
-            original(p, role)
+            original(p, role, lenient)
     vg._check_role = check_role
 
 
-@mutant("validate.prefill_accepts_decode", "a PREFILL engine refuses max_tokens > 1 (role mismatch)",
+@mutant("validate.prefill_accepts_decode", "a PREFILL engine refuses max_tokens > 1 (role mismatch; revision 1 also "
+        "output logprobs and guided decoding)",
         target="prefill")
 def _():
     from openengine_adapters.types import EngineRole
@@ -400,14 +401,14 @@ def _():
 
     original = vg._check_role
 
-    def check_role(p, role):
+    def check_role(p, role, lenient=False):
         if role == EngineRole.PREFILL and p.kv_session is None:
             return
-        original(p, role)
+        original(p, role, lenient)
     vg._check_role = check_role
 
 
-@mutant("validate.decode_without_session", "a DECODE engine refuses a request without kv.session",
+@mutant("validate.decode_without_session", "revision 1: a DECODE engine refuses a request without kv.session",
         target="decode")
 def _():
     from openengine_adapters.types import EngineRole
@@ -415,11 +416,48 @@ def _():
 
     original = vg._check_role
 
-    def check_role(p, role):
+    def check_role(p, role, lenient=False):
         if role == EngineRole.DECODE and p.kv_session is None:
             return
-        original(p, role)
+        original(p, role, lenient)
     vg._check_role = check_role
+
+
+@mutant("v0_1.decode_without_session_refused", "v0.1.0: a DECODE engine serves a request without kv.session "
+        "locally (conditional disaggregation; the revision-1 role rule applied to v0.1.0)", target="decode")
+def _():
+    from openengine_adapters.types import EngineRole
+    from openengine_adapters.validation import generate as vg
+
+    original = vg._check_role
+
+    def check_role(p, role, lenient=False):
+        original(p, role, lenient and role != EngineRole.DECODE)
+    vg._check_role = check_role
+
+
+@mutant("v0_1.prefill_output_options_refused", "v0.1.0: a PREFILL engine takes the decode leg's output logprobs "
+        "and guided decoding (the revision-1 role rule applied to v0.1.0)", target="prefill")
+def _():
+    from openengine_adapters.types import EngineRole
+    from openengine_adapters.validation import generate as vg
+
+    original = vg._check_role
+
+    def check_role(p, role, lenient=False):
+        original(p, role, lenient and role != EngineRole.PREFILL)
+    vg._check_role = check_role
+
+
+@mutant("v0_1.bypass_false_refused", "v0.1.0: bypass_prefix_cache = false asks for what every engine does; "
+        "served where bypass is not advertised")
+def _():
+    from openengine_adapters.errors import unsupported
+
+    def before(req, card, engine):
+        if req.kv.HasField("bypass_prefix_cache") and not req.kv.bypass_prefix_cache:
+            raise unsupported("kv.bypass_prefix_cache: prefix-cache bypass is not advertised")
+    wrap_parse_generate(before)
 
 
 @mutant("validate.unknown_model_defaulted", "an unknown model returns NOT_FOUND")
@@ -852,8 +890,8 @@ def _():
 
     original = model.model_info
 
-    def model_info(card, role=None):
-        msg = original(card, role) if role is not None else original(card)
+    def model_info(card, role=None, **kw):
+        msg = original(card, role, **kw) if role is not None else original(card, **kw)
         msg.generation.guided_decoding.modes.append(0)
         return msg
     model.model_info = model_info
@@ -891,8 +929,8 @@ def _():
 
     original = model.model_info
 
-    def model_info(card, role=None):
-        msg = original(card, role) if role is not None else original(card)
+    def model_info(card, role=None, **kw):
+        msg = original(card, role, **kw) if role is not None else original(card, **kw)
         msg.max_batched_tokens = 0
         return msg
     model.model_info = model_info

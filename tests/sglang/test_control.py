@@ -127,6 +127,8 @@ async def test_load_reports_sglang_pages(served):
     assert rank.data_parallel_rank == 0 and rank.total_kv_blocks == 8192 // PAGE_SIZE
     call = served.stub.Generate(long_req("load"))
     await first_token(call)
+    # counted the moment it is in flight, before SGLang's next published snapshot (issue 24)
+    assert (await served.stub.GetLoad(observability_pb2.GetLoadRequest())).running_requests == 1
     await until_running(served)
     busy = await served.stub.GetLoad(observability_pb2.GetLoadRequest())
     assert busy.running_requests == 1

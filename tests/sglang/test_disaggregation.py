@@ -30,6 +30,7 @@ FAKE_HOST = "2.2.2.2"  # SGLang's FAKE_BOOTSTRAP_HOST: the fake backend transfer
 
 class Sidecar:
     def __init__(self, channel, target):
+        self.channel = channel
         self.stub = openengine_pb2_grpc.OpenEngineStub(channel)
         self.target = target
 
@@ -113,6 +114,24 @@ async def test_decode_takes_a_session_once_and_only_for_its_prompt(decode):
     again.kv.session.CopyFrom(session(room=777))
     exc = await expect_status(decode.stub.Generate(again), grpc.StatusCode.NOT_FOUND, "already decoded")
     assert rejection(exc).code == error_pb2.ERROR_CODE_KV_SESSION_NOT_FOUND
+
+
+async def test_v0_1_decode_without_a_session_is_refused_naming_why(decode):
+    """SGLang's decode mode takes every request as a KV transfer to wait for; without a bootstrap host only
+    the fake backend skips it, decoding from KV nobody computed (sglang/srt/disaggregation/utils.py
+    _is_fake_transfer, 0.5.x): no local request can be served honestly, so v0.1.0's conditional
+    disaggregation is refused before acceptance, naming why, and ServerInfo.extra says so."""
+    from google.protobuf import json_format
+
+    from openengine_adapters.v0_1 import openengine_pb2_grpc as v01_grpc
+    from openengine_adapters.v0_1 import server_pb2 as v01_server
+    from openengine_adapters.wire.v0_1.stub import V01Stub
+
+    d = req("pd-local", stopping=g.StoppingOptions(max_tokens=4))
+    await expect_status(V01Stub(decode.channel).Generate(d), grpc.StatusCode.FAILED_PRECONDITION,
+                        "kv.session", "SGLang's decode mode")
+    info = await v01_grpc.ControlStub(decode.channel).GetServerInfo(v01_server.GetServerInfoRequest())
+    assert json_format.MessageToDict(info.extra)["decode_without_kv_session"].startswith("refused: ")
 
 
 async def test_decode_health_probe(decode):

@@ -318,6 +318,71 @@ def prefill_args():
                             disable_overlap_scheduler=True)
 
 
+async def test_v0_1_kv_event_sources_list_our_own_stream(serve):
+    """TensorRT-LLM's KV events reach us through the engine's own queue, with no publisher to name:
+    revision 1's GetKvEventSources stays UNIMPLEMENTED, v0.1.0's lists SubscribeKvEvents itself
+    ("transport: grpc, zmq", "encoding: protobuf, msgpack"; clients prefer SubscribeKvEvents), one source
+    per attention-DP rank at the advertised host."""
+    from openengine_adapters.v0_1 import kv_pb2 as v01_kv
+    from openengine_adapters.v0_1 import openengine_pb2_grpc as v01_grpc
+
+    args = fake_trtllm.Args(enable_attention_dp=True, tensor_parallel_size=2,
+                            kv_cache_config=fake_trtllm.KvCacheConfig(event_buffer_max_size=64))
+    async with serve(args) as h:
+        control = v01_grpc.ControlStub(h.channel)
+        sources = (await control.GetKvEventSources(v01_kv.GetKvEventSourcesRequest())).sources
+        assert [(s.transport, s.encoding, s.data_parallel_rank, s.endpoint_addr.host, s.endpoint_addr.port)
+                for s in sources] == [("grpc", "protobuf", r, "127.0.0.1", h.server.port) for r in (0, 1)]
+        only = await control.GetKvEventSources(v01_kv.GetKvEventSourcesRequest(data_parallel_ranks=[1]))
+        assert [s.data_parallel_rank for s in only.sources] == [1]
+        await expect_status(h.stub.GetKvEventSources(kv_pb2.GetKvEventSourcesRequest()),
+                            grpc.StatusCode.UNIMPLEMENTED)
+
+
+async def test_v0_1_prefill_takes_the_decode_legs_options_it_can_honour(serve):
+    """A v0.1.0 prefill may carry the decode leg's options (Dynamo's TensorRT-LLM sidecar sends them): guided
+    decoding, min_tokens and stops reach the context-only request, whose one sampled token becomes the
+    decode's first (first_gen_tokens). Output logprobs need DisaggregatedParams.first_gen_log_probs to reach
+    the decode leg (TensorRT-LLM's server carries it: tensorrt_llm/grpc/openengine/disagg.py, commit
+    65e93a934b732e876f16fd893c56d21fdc1da1be); 1.2 has no such field, so the prefill's ModelInfo says
+    output logprobs are unsupported and they are refused."""
+    from openengine_adapters.v1 import model_pb2
+    from openengine_adapters.wire.v0_1.stub import V01Stub
+
+    async with serve(prefill_args(), role=EngineRole.PREFILL) as pre:
+        v01 = V01Stub(pre.channel)
+        req = gen_request(token_ids=input_pb2.TokenIds(ids=[10, 11, 12]),
+                          guided=g.GuidedDecoding(choice=g.ChoiceConstraint(choices=["yes", "no"])),
+                          stopping=g.StoppingOptions(min_tokens=4, conditions=[g.StopCondition(stop_token_id=5)]))
+        s = check_generate_stream(req, await collect(v01, req), prefill=True)
+        assert s.prefill_ready.kv_session.session_id
+        sp = pre.llm.submitted[-1]["sp"]
+        assert sp.guided_decoding is not None and sp.min_tokens == 1 and sp.max_tokens == 1
+        lp = gen_request(token_ids=input_pb2.TokenIds(ids=[10, 11, 12]),
+                         response=g.ResponseOptions(return_output_logprobs=True))
+        await expect_status(v01.Generate(lp), grpc.StatusCode.INVALID_ARGUMENT, "response.return_output_logprobs")
+        assert len(pre.llm.submitted) == 1
+        info = await v01.GetModelInfo(model_pb2.GetModelInfoRequest(model=pre.server.service.catalog.cards[0].names[0]))
+        assert info.generation.output_logprobs.HasField("supported") and not info.generation.output_logprobs.supported
+        assert info.generation.guided_decoding.supported  # the decode leg's guide is taken
+
+
+async def test_v0_1_decode_without_a_session_is_a_local_request(serve):
+    """Conditional disaggregation: TensorRT-LLM's own server maps a request with no kv.session and no
+    extra.request_type to no DisaggregatedParams at all, a plain request the generation worker serves
+    (NVIDIA/TensorRT-LLM tensorrt_llm/grpc/openengine/disagg.py disaggregated_params_from_request, commit
+    65e93a934b732e876f16fd893c56d21fdc1da1be), which Dynamo's TensorRT-LLM sidecar relies on for short
+    prompts. Served on v0.1.0; revision 1 keeps its role rule."""
+    from openengine_adapters.wire.v0_1.stub import V01Stub
+
+    async with serve(prefill_args(), role=EngineRole.DECODE) as dec:
+        req = gen_request(token_ids=input_pb2.TokenIds(ids=[10, 11, 12]), stopping=g.StoppingOptions(max_tokens=5))
+        d = check_generate_stream(req, await collect(V01Stub(dec.channel), req))
+        assert d.text[0] == "hello" and dec.llm.submitted[-1]["disagg"] is None
+        await expect_status(dec.stub.Generate(req), grpc.StatusCode.FAILED_PRECONDITION, "kv.session")
+        assert len(dec.llm.submitted) == 1
+
+
 async def test_prefill_decode_round_trip(serve):
     from openengine_adapters.types import EngineRole
 

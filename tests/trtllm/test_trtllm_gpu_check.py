@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
 
 import fake_trtllm
+
+from openengine_adapters.core.catalog import ModelCatalog
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "trtllm_gpu_check.py"
@@ -38,10 +41,13 @@ async def test_gpu_check_runs_on_the_fake():
 
 async def test_gpu_check_fails_an_adapter_that_lets_ignored_knobs_through(serve):
     """The engine checks can fail: with the TorchSampler refusals removed (the adapter before issue
-    15), the fake accepts the penalties and ignores them, and the table says so."""
+    15; the card's ignored_options since issue 24), the fake accepts the penalties and ignores them,
+    and the table says so."""
     tool = load_tool()
     async with serve(fake_trtllm.Args()) as h:
-        h.backend.ignored_sampling = ()
+        card = h.server.service.catalog.cards[0]  # the card's ignored_options are what validation refuses
+        h.server.service.catalog = ModelCatalog([dataclasses.replace(
+            card, generation=dataclasses.replace(card.generation, ignored_options=()))])
         table = tool.Table()
         await tool.engine_checks(h.stub, "fake-model", table)
     rows = {r.name: r for r in table.rows}

@@ -24,6 +24,7 @@ from openengine_adapters.types import ErrorCode
 from openengine_adapters.v1 import engine_pb2, input_pb2, kv_pb2, lifecycle_pb2, model_pb2, openengine_pb2_grpc
 from openengine_adapters.v1 import generation_pb2 as g
 from openengine_adapters.v1 import observability_pb2 as obs
+from openengine_adapters.wire.v0_1.stub import V01Stub
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -235,6 +236,39 @@ async def test_role_rules_are_checked_before_acceptance(prefill, decode):
     await expect_status(prefill.stub.Generate(g.GenerateRequest(
         token_ids=ids(PROMPT), stopping=g.StoppingOptions(max_tokens=5))),
         grpc.StatusCode.FAILED_PRECONDITION, "stopping.max_tokens")
+
+
+DECODE_LEG_OPTIONS = dict(  # what Dynamo's sidecars send on both legs of a disaggregated request
+    response=g.ResponseOptions(return_output_logprobs=True, output_candidates=g.CandidateTokenSelection(top_n=2)),
+    guided=g.GuidedDecoding(choice=g.ChoiceConstraint(choices=["alpha", "beta"])))
+
+
+async def test_v0_1_prefill_takes_the_decode_legs_options_and_the_decode_honours_them(prefill, decode):
+    """Issue 24: on v0.1.0 a prefill request may carry the user's output logprobs, guided decoding, min_tokens
+    and stops (Dynamo's sidecars send them on the prefill leg); vLLM's decode engine recomputes the last
+    prompt token and samples the first output itself, so the decode leg's output honours them."""
+    pre = g.GenerateRequest(token_ids=ids(PROMPT), stopping=g.StoppingOptions(
+        max_tokens=1, min_tokens=3, conditions=[g.StopCondition(stop_token_id=7), g.StopCondition(stop_text="x")]),
+        **DECODE_LEG_OPTIONS)
+    events = await collect(V01Stub(prefill.channel), pre, timeout=60)
+    check_generate_stream(pre, events, prefill=True)
+    session = events[-1].prefill_ready.kv_session
+    dec = g.GenerateRequest(token_ids=ids(PROMPT), kv=g.KvOptions(session=session),
+                            sampling=g.SamplingParams(temperature=0.0), stopping=g.StoppingOptions(max_tokens=16),
+                            **DECODE_LEG_OPTIONS)
+    s = check_generate_stream(dec, await collect(V01Stub(decode.channel), dec, timeout=60))  # logprobs per token
+    assert s.text[0] in ("alpha", "beta")
+    # revision 1 keeps its role rule (a request without min_tokens: there min_tokens 3 > max_tokens 1 is refused first)
+    await expect_status(prefill.stub.Generate(g.GenerateRequest(token_ids=ids(PROMPT), **DECODE_LEG_OPTIONS)),
+                        grpc.StatusCode.FAILED_PRECONDITION, "PREFILL")
+
+
+async def test_v0_1_decode_without_a_session_serves_it_locally(decode, reference):
+    """Conditional disaggregation: a short prompt sent straight to the decode worker is served there."""
+    req = g.GenerateRequest(token_ids=ids(PROMPT[:40]), sampling=g.SamplingParams(temperature=0.0),
+                            stopping=g.StoppingOptions(max_tokens=6, ignore_eos=True))
+    s = check_generate_stream(req, await collect(V01Stub(decode.channel), req, timeout=60))
+    assert s.token_ids[0] == reference.greedy(PROMPT[:40], 6)
 
 
 async def test_health_probes_both_roles(prefill, decode):

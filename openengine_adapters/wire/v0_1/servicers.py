@@ -20,8 +20,9 @@ import grpc
 
 from openengine_adapters import schema
 from openengine_adapters.core.service import EngineService, _unary, reject
-from openengine_adapters.errors import ERROR_TRAILER, RequestRejected, invalid, unsupported
+from openengine_adapters.errors import ERROR_TRAILER, RequestRejected, invalid
 from openengine_adapters.messages import model as model_messages
+from openengine_adapters.types import EngineRole
 from openengine_adapters.v0_1 import (
     generation_pb2,
     kv_pb2,
@@ -80,11 +81,7 @@ class InferenceServicer:
     def _translate(self, request: generation_pb2.GenerateRequest, context):
         meta = metadata.parse_inference(context.invocation_metadata())
         core = self.core
-        if meta.priority is not None:
-            card = core.catalog.resolve(request.model)
-            if not (card.generation and card.generation.supports_priority):
-                raise unsupported(f"{metadata.PRIORITY}: this model does not advertise priority "
-                                  "(GenerationCapabilities.supports_priority)")
+        # a priority the model does not schedule by is served in default order (validation.leniency)
         if meta.target_dp_rank is not None:
             size = core.identity.parallelism.data_parallel_size or 1
             if meta.target_dp_rank >= size:
@@ -106,7 +103,7 @@ class InferenceServicer:
         except RequestRejected as r:
             await reject(call, r)
             return
-        async for response in self.core.Generate(core_request, call, extra, trace):
+        async for response in self.core.Generate(core_request, call, extra, trace, lenient=True):
             # every event but an error is already v0.1.0's bytes (translate's docstring)
             yield translate.generate_error(response) if response.HasField("error") else response
 
@@ -121,6 +118,9 @@ class ControlServicer:
                  "services": list(self.served_services)}
         if "openengine.v1.OpenEngine" in self.served_services:
             extra["revision1_schema_release"] = schema.SCHEMA_RELEASE
+        if self.core.identity.role == EngineRole.DECODE:  # conditional disaggregation (validation.leniency)
+            refusal = self.core.backend.local_decode_refusal
+            extra["decode_without_kv_session"] = f"refused: {refusal}" if refusal else "served"
         return {**self.core.identity.extra, **extra}
 
     @_unary_call
@@ -136,6 +136,10 @@ class ControlServicer:
         core = self.core
         card = core.catalog.resolve(request.model, required=True)
         extra = dict(card.extra)
+        ignored = card.generation.ignored_options if card.generation else ()
+        if ignored:  # options the engine accepts and does not apply; what this server does with them
+            extra["ignored_options"] = {f"sampling.{o.name}": o.reason for o in ignored}
+            extra["ignored_options_policy"] = core.leniency.ignored_options
         if core.backend.request_extra:
             extra["request_extra_keys"] = describe(core.backend.request_extra)
         if card.tasks is not None:
@@ -143,7 +147,7 @@ class ControlServicer:
                      if getattr(card.tasks, name) is not None and getattr(card.tasks, name).supported]
             if tasks and "openengine.v1.OpenEngine" in self.served_services:
                 extra["revision1_tasks"] = tasks  # Embed/Classify/Score are served on revision 1
-        return translate.model_info(model_messages.model_info(card, core.identity.role), extra)
+        return translate.model_info(model_messages.model_info(card, core.identity.role, lenient=True), extra)
 
     @_unary_call
     async def GetLoad(self, request, context):
@@ -171,7 +175,7 @@ class ControlServicer:
 
     @_unary_call
     async def GetKvEventSources(self, request, context):
-        return await self.core.GetKvEventSources(request, context)
+        return self.core.kv_event_sources(request, native=True)
 
     async def SubscribeKvEvents(self, request, context):
         async for response in self.core.SubscribeKvEvents(request, _Call(context)):

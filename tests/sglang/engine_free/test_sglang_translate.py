@@ -301,3 +301,15 @@ def test_kv_events_config():
     assert t.kv_events_config('{"publisher": "null"}') is None
     cfg = t.kv_events_config('{"publisher": "zmq", "topic": "kv"}')
     assert cfg == {"publisher": "zmq", "topic": "kv", "endpoint": "tcp://*:5557"}
+
+
+def test_load_counts_what_is_in_flight_the_moment_it_is():
+    """SGLang's get_loads snapshot lags (published on a prefill, then every 15 decode steps): a request
+    the adapter holds and SGLang does not report queued is running (issue 24: running 0 while one ran)."""
+    lagging = be.LoadSnapshot(running_requests=0, queued_requests=0)
+    assert t.with_in_flight(lagging, 2).running_requests == 2
+    queued = be.LoadSnapshot(running_requests=0, queued_requests=1)
+    assert t.with_in_flight(queued, 2).running_requests == 1
+    ahead = be.LoadSnapshot(running_requests=3, queued_requests=0)  # never lowered below SGLang's own count
+    assert t.with_in_flight(ahead, 1).running_requests == 3
+    assert t.with_in_flight(be.LoadSnapshot(), 2).running_requests is None  # unreported stays so
