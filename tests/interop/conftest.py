@@ -47,7 +47,7 @@ def environment_targets() -> list[str]:
     elif _installed("sglang"):
         found = ["sglang"]
     else:
-        found = ["fake", "fake-pd", "trtllm"]
+        found = ["fake", "fake-pd", "trtllm", "trtllm-pd"]
     wanted = os.environ.get("INTEROP_TARGETS")
     return [t for t in found if not wanted or t in wanted.split(",")]
 
@@ -83,6 +83,7 @@ class Target:
     decode: Server | None = None
     slow_tokens: int = 400
     supports_guided: bool = True
+    decodes_handoffs: bool = True  # False: the decode server cannot reach the prefill server's KV
     startup_s: float = 0.0
 
     @property
@@ -146,16 +147,25 @@ def start_target(name: str, tmp_path_factory) -> Target:
     t0 = time.monotonic()
     if name == "fake":
         s = _launch_all([("agg", FAKE, with_root())])
-        target = Target(name, "fake", "fake-model", agg=s["agg"], slow_tokens=200)
+        target = Target(name, "fake", "fake-model", agg=s["agg"], slow_tokens=200, supports_guided=False)
     elif name == "fake-pd":
         s = _launch_all([("prefill", [*FAKE, "--fake-role", "prefill"], with_root()),
                          ("decode", [*FAKE, "--fake-role", "decode"], with_root())])
-        target = Target(name, "fake", "fake-model", prefill=s["prefill"], decode=s["decode"])
+        # the fake guides only CHOICE and JSON_OBJECT, neither of which Dynamo's TensorRT-LLM sidecar sends
+        target = Target(name, "fake", "fake-model", prefill=s["prefill"], decode=s["decode"], supports_guided=False)
     elif name == "trtllm":
         argv = [sys.executable, "-m", "openengine_adapters.trtllm", TRTLLM_MODEL, "--host", "127.0.0.1",
                 "--port", "0"]
         s = _launch_all([("agg", argv, _trtllm_env())])
         target = Target(name, "tensorrt_llm", TRTLLM_MODEL, agg=s["agg"], slow_tokens=200)
+    elif name == "trtllm-pd":
+        argv = [sys.executable, "-m", "openengine_adapters.trtllm", TRTLLM_MODEL, "--host", "127.0.0.1",
+                "--port", "0", "--role"]
+        s = _launch_all([("prefill", [*argv, "prefill"], _trtllm_env()), ("decode", [*argv, "decode"], _trtllm_env())])
+        # the fake TensorRT-LLM keeps a prefill's context in its own process: a decode server in
+        # another process cannot resume it, so this pair checks each leg's own half of the handoff
+        target = Target(name, "tensorrt_llm", TRTLLM_MODEL, prefill=s["prefill"], decode=s["decode"],
+                        slow_tokens=200, decodes_handoffs=False)
     elif name in ("vllm", "vllm-pd"):
         from openengine_adapters.demo_model import build_tiny_llama
 

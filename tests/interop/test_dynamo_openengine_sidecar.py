@@ -12,6 +12,8 @@ import grpc
 import pytest
 from dynamo_openengine import Discovery, Preprocessed, ResponseState, build_generate_request, generate_metadata
 from dynamo_openengine import disagg_json_to_kv_session, kv_session_to_disagg_json, start_up
+from dynamo_trtllm import session_from_json as trt_session_from_json
+from dynamo_trtllm import session_to_json as trt_session_to_json
 from replay import PROMPT, TRACE, new_id, stream, through_dynamo, wait_idle
 
 from openengine_adapters.v0_1 import server_pb2
@@ -105,7 +107,7 @@ def test_cancellation_by_dropping_the_stream(agg, target, after_first_token):
     assert outs[-1].finish_reason in ("stop", "length")
 
 
-def test_prefill_decode_through_the_json_handoff(pd):
+def test_prefill_decode_through_the_json_handoff(pd, target):
     """The disaggregated path: the prefill leg (max_tokens 1, no session) ends with PrefillReady and
     terminal usage; its KvSessionRef goes through ``kv_session_to_disagg_json``, Dynamo's JSON
     transport and ``disagg_json_to_kv_session`` unchanged (no non-finite number, no integer past
@@ -121,6 +123,9 @@ def test_prefill_decode_through_the_json_handoff(pd):
     handoff = through_dynamo(ready.disaggregated_params)
     session = disagg_json_to_kv_session(handoff)
     assert kv_session_to_disagg_json(session) == ready.disaggregated_params, "the handoff changed in transit"
+    assert trt_session_from_json(through_dynamo(trt_session_to_json(session))) == session  # the strict codec too
+    if not target.decodes_handoffs:
+        return
     _, douts = run(decode, ddisc, Preprocessed(PROMPT, temperature=0.0, max_tokens=6, ignore_eos=True,
                                                prefill_result=handoff))
     assert sum(len(o.token_ids) for o in douts) == 6 and douts[-1].finish_reason == "length"
