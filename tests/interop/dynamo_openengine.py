@@ -17,8 +17,7 @@ from typing import Any
 from google.protobuf import struct_pb2
 
 from openengine_adapters.v0_1 import generation_pb2 as gen
-from openengine_adapters.v0_1 import kv_pb2
-from openengine_adapters.v0_1 import server_pb2
+from openengine_adapters.v0_1 import kv_pb2, server_pb2
 
 SOURCE = "ai-dynamo/dynamo lib/sidecar/openengine/src @ 3770f0cf01e66ccbaf076f1b6f3ed8c72061762f"
 # lib.rs: OPENENGINE_SCHEMA_RELEASE

@@ -27,9 +27,8 @@ from dynamo_openengine import ClientRefused, Output, Preprocessed, _json_to_pros
 from google.protobuf import struct_pb2
 
 from openengine_adapters.v0_1 import generation_pb2 as gen
-from openengine_adapters.v0_1 import kv_pb2
+from openengine_adapters.v0_1 import kv_pb2, model_pb2
 from openengine_adapters.v0_1 import lifecycle_pb2 as life
-from openengine_adapters.v0_1 import model_pb2
 
 SOURCE = "ai-dynamo/dynamo lib/sidecar/trtllm/src @ 11db6893d5e47019acb007796daf015e74eb1bda"
 RPC_TIMEOUT_S = 30.0  # client.rs: RPC_TIMEOUT

@@ -10,8 +10,16 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from dynamo_openengine import Discovery, Preprocessed, ResponseState, build_generate_request, generate_metadata
-from dynamo_openengine import disagg_json_to_kv_session, kv_session_to_disagg_json, start_up
+from dynamo_openengine import (
+    Discovery,
+    Preprocessed,
+    ResponseState,
+    build_generate_request,
+    disagg_json_to_kv_session,
+    generate_metadata,
+    kv_session_to_disagg_json,
+    start_up,
+)
 from dynamo_trtllm import session_from_json as trt_session_from_json
 from dynamo_trtllm import session_to_json as trt_session_to_json
 from replay import PROMPT, TRACE, new_id, stream, through_dynamo, wait_idle
@@ -93,7 +101,8 @@ def test_cancellation_by_dropping_the_stream(agg, target, after_first_token):
     disc = start_up(agg.control)
     r = Preprocessed(PROMPT, temperature=0.0, max_tokens=target.slow_tokens, ignore_eos=True)
     rid = new_id()
-    call = stream(agg, build_generate_request(r, rid, disc.remote_model, "aggregated"), generate_metadata(r, "aggregated"))
+    call = stream(agg, build_generate_request(r, rid, disc.remote_model, "aggregated"),
+                  generate_metadata(r, "aggregated"))
     state = ResponseState("aggregated", len(PROMPT))
     if after_first_token:
         while not (out := state.convert(next(call), rid)) or not out.token_ids:
