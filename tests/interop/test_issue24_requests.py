@@ -10,7 +10,11 @@ context phase produces the first generated token, and its logprob only reaches t
 if the context request computed it"; repetition_penalty and seed forwarded when the user set them)
 and disagg.rs at 1d54a636193d71d6a0be29f77899a1d5244c3b20 (``request_extra``: a decode worker's
 request that skipped prefill carries no ``kv``); the KV-event source reader is
-lib/sidecar/openengine/src/kv.rs ``discover_sources`` at 0cc34d9904da51f01556efab36eb268395d0ef81.
+lib/sidecar/openengine/src/kv.rs ``discover_sources`` at 0cc34d9904da51f01556efab36eb268395d0ef81; the
+load reader is lib/sidecar/openengine/src/engine.rs ``is_quiescent`` at
+122b2d4417544baca9afc2a18bcfe1b6a6b7458d (``running_requests == 0`` means quiescent), as TensorRT-LLM's
+server counts it (tensorrt_llm/grpc/openengine/control.py ``GetLoad`` at
+06cb2191b0be3da4297abb13d5082a5e39b3b460: ``running_requests = active_request_count()``).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from dynamo_openengine import Preprocessed, ResponseState, build_generate_reques
 from dynamo_trtllm import ResponseState as TrtState
 from dynamo_trtllm import build_generate_request as trt_request
 from dynamo_trtllm import session_from_json, session_to_json
-from replay import PROMPT, new_id, refusal, stream, through_dynamo
+from replay import PROMPT, new_id, refusal, stream, through_dynamo, wait_idle
 
 from openengine_adapters.v0_1 import kv_pb2, server_pb2
 
@@ -141,3 +145,19 @@ def test_decode_without_a_session_is_served(pd, target):
     assert not request.HasField("kv") and dict(request.extra) == {"detokenize": False}
     outs = TrtState(r, "decode").read(stream(decode, request))
     assert outs[-1].finish_reason in ("stop", "length") and any(o.token_ids for o in outs)
+
+
+def test_getload_counts_a_request_in_flight(agg, target):
+    """Issue 24 (item 3, SGLang): while a request streams, GetLoad(include_per_rank=false) must not
+    say ``running_requests = 0``: Dynamo's ``is_quiescent`` would take the worker for idle."""
+    disc = start_up(agg.control)
+    r = Preprocessed(PROMPT, temperature=0.0, max_tokens=target.slow_tokens, ignore_eos=True)
+    rid = new_id()
+    call = stream(agg, build_generate_request(r, rid, disc.remote_model, "aggregated"))
+    state = ResponseState("aggregated", len(PROMPT))
+    while not (out := state.convert(next(call), rid)) or not out.token_ids:
+        pass
+    load = agg.control.GetLoad(server_pb2.GetLoadRequest(include_per_rank=False), timeout=10)
+    call.cancel()
+    assert load.HasField("running_requests") and load.running_requests >= 1, load
+    wait_idle(agg)
