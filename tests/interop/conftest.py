@@ -91,9 +91,18 @@ class Target:
         return [s for s in (self.agg, self.prefill, self.decode) if s is not None]
 
 
+def dynamo_flags() -> list[str]:
+    """Server flags of a deployment serving Dynamo's sidecars: routers forward the seeds and
+    penalties users set, so options the engine would not apply are accepted, dropped and counted
+    (``--ignored-options ignore``, issue 24). The check for the flag goes when h/interop is merged."""
+    from openengine_adapters.server import ServerConfig
+
+    return ["--ignored-options", "ignore"] if "ignored_options" in ServerConfig.model_fields else []
+
+
 def _launch_all(specs: list[tuple[str, list[str], dict]]) -> dict[str, Server]:
     """Start every (role, argv, env) at once; wait for each ready line; kill all on a failure."""
-    launched = {role: Launched(argv, env) for role, argv, env in specs}
+    launched = {role: Launched([*argv, *dynamo_flags()], env) for role, argv, env in specs}
     try:
         targets = {role: asyncio.run(proc.ready(900)) for role, proc in launched.items()}
     except BaseException:

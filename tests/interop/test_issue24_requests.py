@@ -28,11 +28,26 @@ from dynamo_trtllm import build_generate_request as trt_request
 from dynamo_trtllm import session_from_json, session_to_json
 from replay import PROMPT, new_id, refusal, stream, through_dynamo, wait_idle
 
-from openengine_adapters.v0_1 import kv_pb2, server_pb2
+from openengine_adapters.v0_1 import kv_pb2, model_pb2, server_pb2
 
 
 def _model(server, target) -> str:
     return start_up(server.control).remote_model
+
+
+def _prefill_carries_logprobs(prefill, target, model: str, request) -> bool:
+    """Whether this PREFILL engine can carry output logprobs to the decode leg. TensorRT-LLM 1.2
+    truly cannot (its handoff has no ``first_gen_log_probs``, which TensorRT-LLM's own OpenEngine
+    server uses): there ModelInfo must say so and the request be refused as unsupported, naming the
+    field, before acceptance; then False. Every other engine must serve it. A refusal by role
+    ("a PREFILL engine emits no output tokens", the reading issue 24 removes) fails either way."""
+    info = prefill.control.GetModelInfo(model_pb2.GetModelInfoRequest(model=model), timeout=10)
+    if target.engine != "tensorrt_llm" or info.generation.output_logprobs.supported:
+        return True
+    why = refusal(stream(prefill, request))
+    assert why.startswith("INVALID_ARGUMENT") and "response.return_output_logprobs" in why, why
+    assert "PREFILL engine emits no output tokens" not in why, why
+    return False
 
 
 def test_priority_key_on_a_model_without_priority_is_served(target):
@@ -58,6 +73,8 @@ def test_prefill_leg_with_logprobs_and_decode_honours_them(pd, target):
     rid = new_id()
     request = build_generate_request(r, rid, pdisc.remote_model, "prefill")
     assert request.response.return_output_logprobs and request.response.output_candidates.top_n == 2
+    if not _prefill_carries_logprobs(prefill, target, pdisc.remote_model, request):
+        return
     (ready,) = ResponseState("prefill", len(PROMPT)).read(stream(prefill, request, generate_metadata(r, "prefill")),
                                                         rid)
     r.prefill_result = through_dynamo(ready.disaggregated_params)
@@ -83,6 +100,9 @@ def test_trtllm_sidecar_prefill_leg_with_logprobs_and_guided(pd, target):
     request = trt_request(r, new_id(), model, None, "prefill")
     assert request.guided.json_schema and request.response.return_output_logprobs
     assert dict(request.extra) == {"detokenize": False, "request_type": "context_only"}
+    if not _prefill_carries_logprobs(prefill, target, model, request):
+        r.logprobs = None  # the same guided request without them, as a user who did not ask
+        request = trt_request(r, new_id(), model, None, "prefill")
     (ready,) = TrtState(r, "prefill").read(stream(prefill, request))
     handoff = through_dynamo(ready.disaggregated_params)
     assert session_to_json(session_from_json(handoff)) == handoff
@@ -107,9 +127,10 @@ def test_explicit_false_bypass_prefix_cache_is_served(target):
 
 
 @pytest.mark.parametrize("option", ["seed", "repetition_penalty"])
-def test_options_an_engine_would_ignore_are_served_on_a_default_deployment(agg, option):
-    """Failure 4: a seed or a repetition penalty the user set is forwarded as set; a default
-    deployment serves it (an engine that would ignore it counts and logs that, issue 24)."""
+def test_options_an_engine_would_ignore_are_served(agg, option):
+    """Failure 4: a seed or a repetition penalty the user set is forwarded as set; a deployment
+    serving Dynamo (``--ignored-options ignore``, conftest.dynamo_flags) serves it, and an engine
+    that would not apply it counts and logs that (issue 24)."""
     disc = start_up(agg.control)
     r = Preprocessed(PROMPT, temperature=0.8, max_tokens=3, **{option: 7 if option == "seed" else 1.1})
     rid = new_id()
