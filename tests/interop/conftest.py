@@ -28,9 +28,20 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from launch_helpers import ROOT, Launched, with_root  # noqa: E402
+from launch_helpers import Launched  # noqa: E402
 
+import openengine_adapters  # noqa: E402
 from openengine_adapters.v0_1 import openengine_pb2_grpc as v01_grpc  # noqa: E402
+
+# The servers run the package this test process imports: this checkout, or the one PYTHONPATH names
+# first (to replay the clients against another branch's server without copying its tests).
+SERVER_ROOT = Path(openengine_adapters.__file__).resolve().parents[1]
+
+
+def with_root(extra: dict | None = None) -> dict:
+    """This environment with SERVER_ROOT first on PYTHONPATH (engine test shims stay behind it)."""
+    path = os.pathsep.join(p for p in (str(SERVER_ROOT), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, **(extra or {})}
 
 
 def _installed(*names: str) -> bool:
@@ -124,6 +135,11 @@ def _stop(servers: list[Server]) -> None:
                 s.launched.kill()
 
 
+# `-P`: the launcher runs in this checkout (Launched's cwd), and `python -m` would put the cwd, and
+# so this checkout's package, before PYTHONPATH's SERVER_ROOT
+LAUNCH = [sys.executable, "-P", "-m"]
+
+
 def _free_port() -> int:
     from helpers import free_port
 
@@ -138,7 +154,8 @@ VLLM_FLAGS = ["--served-model-name", "tiny", "--max-model-len", "512", "--enforc
 
 
 def _trtllm_env() -> dict:
-    spec = importlib.util.spec_from_file_location("trtllm_gpu_check_tool", ROOT / "tools" / "trtllm_gpu_check.py")
+    tool_path = SERVER_ROOT / "tools" / "trtllm_gpu_check.py"
+    spec = importlib.util.spec_from_file_location("trtllm_gpu_check_tool", tool_path)
     tool = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = tool
     spec.loader.exec_module(tool)
@@ -163,12 +180,12 @@ def start_target(name: str, tmp_path_factory) -> Target:
         # the fake guides only CHOICE and JSON_OBJECT, neither of which Dynamo's TensorRT-LLM sidecar sends
         target = Target(name, "fake", "fake-model", prefill=s["prefill"], decode=s["decode"], supports_guided=False)
     elif name == "trtllm":
-        argv = [sys.executable, "-m", "openengine_adapters.trtllm", TRTLLM_MODEL, "--host", "127.0.0.1",
+        argv = [*LAUNCH, "openengine_adapters.trtllm", TRTLLM_MODEL, "--host", "127.0.0.1",
                 "--port", "0"]
         s = _launch_all([("agg", argv, _trtllm_env())])
         target = Target(name, "tensorrt_llm", TRTLLM_MODEL, agg=s["agg"], slow_tokens=200)
     elif name == "trtllm-pd":
-        argv = [sys.executable, "-m", "openengine_adapters.trtllm", TRTLLM_MODEL, "--host", "127.0.0.1",
+        argv = [*LAUNCH, "openengine_adapters.trtllm", TRTLLM_MODEL, "--host", "127.0.0.1",
                 "--port", "0", "--role"]
         s = _launch_all([("prefill", [*argv, "prefill"], _trtllm_env()), ("decode", [*argv, "decode"], _trtllm_env())])
         # the fake TensorRT-LLM keeps a prefill's context in its own process: a decode server in
@@ -179,7 +196,7 @@ def start_target(name: str, tmp_path_factory) -> Target:
         from openengine_adapters.demo_model import build_tiny_llama
 
         model = build_tiny_llama(tmp_path_factory.mktemp("interop-models") / "tiny-llama")
-        base = [sys.executable, "-m", "openengine_adapters.vllm", "--host", "127.0.0.1", "--port", "0",
+        base = [*LAUNCH, "openengine_adapters.vllm", "--host", "127.0.0.1", "--port", "0",
                 "--model", str(model), *VLLM_FLAGS]
         if name == "vllm":
             s = _launch_all([("agg", base, _vllm_env())])
@@ -202,7 +219,7 @@ def start_target(name: str, tmp_path_factory) -> Target:
         flags = ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
                  "--disable-overlap-schedule", "--sampling-backend", "pytorch", "--grammar-backend", "xgrammar",
                  "--skip-server-warmup", "--max-total-tokens", "8192", "--page-size", "4"]
-        argv = [sys.executable, "-m", "openengine_adapters.sglang", "--host", "127.0.0.1", "--port", "0",
+        argv = [*LAUNCH, "openengine_adapters.sglang", "--host", "127.0.0.1", "--port", "0",
                 "--model-path", str(model), "--served-model-name", "tiny", *flags]
         env = with_root({"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
         env.pop("OPENENGINE_GRPC_PORT", None)

@@ -1,5 +1,6 @@
 """tests/serve_fake.py with the fake engine's role and pace chosen on the command line: the interop
-suite's fake targets (an aggregated server, and a prefill and a decode one for the handoff)."""
+suite's fake targets (an aggregated server, and a prefill and a decode one for the handoff). The fake
+is the one beside the ``openengine_adapters`` this process imports (conftest.SERVER_ROOT)."""
 
 import argparse
 import asyncio
@@ -7,7 +8,9 @@ import logging
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import openengine_adapters  # noqa: E402
+
+sys.path.insert(0, str(Path(openengine_adapters.__file__).resolve().parents[1] / "tests"))
 
 from fake_backend import FakeBackend  # noqa: E402
 
