@@ -77,7 +77,9 @@ def test_guided_json_schema_as_rendered(trt, target):
 def test_abort_outcomes_the_client_accepts(agg, target):
     """client.rs ``abort`` (called when Dynamo's request context is stopped): Abort(request_id) must
     answer ABORTED or ALREADY_FINISHED. Mid-stream it is ABORTED and the engine request ends; on a
-    request that has just finished, the answer must still be one of the two."""
+    request that has just finished, the answer must still be one of the two (not NOT_FOUND: the
+    client would log a failed abort). Which of the two is racy just after the terminal: the
+    TensorRT-LLM adapter has answered ABORTED there."""
     r = Preprocessed(PROMPT, temperature=0.0, max_tokens=target.slow_tokens, ignore_eos=True)
     rid = new_id()
     request = build_generate_request(r, rid, target.model_path if target.engine == "tensorrt_llm" else
@@ -94,9 +96,7 @@ def test_abort_outcomes_the_client_accepts(agg, target):
     short = build_generate_request(Preprocessed(PROMPT, temperature=0.0, max_tokens=2), rid2 := new_id(),
                                    request.model, None, "aggregated")
     ResponseState(Preprocessed(PROMPT), "aggregated").read(stream(agg, short))
-    ack = agg.control.Abort(life.AbortRequest(request_id=rid2), timeout=30)
-    abort_ok(ack)
-    assert ack.status == life.ABORT_STATUS_ALREADY_FINISHED, ack
+    abort_ok(agg.control.Abort(life.AbortRequest(request_id=rid2), timeout=30))  # either answer, as the client
 
 
 def _info():
