@@ -25,7 +25,7 @@ def vllm(session: nox.Session) -> None:
     session.install("-e", ".[vllm,test,vllm-test,otel]")
     # PyPI's CUDA builds of these break imports beside the CPU torch (engines/vllm.md)
     session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
-    session.run("python", "-m", "pytest", "tests/vllm", "-p", "no:cacheprovider", *session.posargs,
+    session.run("python", "-m", "pytest", "tests/vllm", "tests/interop", "-p", "no:cacheprovider", *session.posargs,
                 env={"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
                      "TRANSFORMERS_OFFLINE": "1"})
 
@@ -43,7 +43,7 @@ def sglang(session: nox.Session) -> None:
     session.install("torch==2.13.0")  # the CPU build (found locally on these machines)
     session.install("--no-deps", "-r", str(SGLANG_TESTS / "requirements-nodeps.txt"))
     session.install("-r", str(SGLANG_TESTS / "requirements.txt"), "-e", ".[test]")
-    session.run("python", "-m", "pytest", "tests/sglang", "-p", "no:cacheprovider", *session.posargs,
+    session.run("python", "-m", "pytest", "tests/sglang", "tests/interop", "-p", "no:cacheprovider", *session.posargs,
                 env={"PYTHONPATH": str(SGLANG_TESTS / "shims"), "SGLANG_USE_CPU_ENGINE": "1",
                      "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
 
