@@ -662,17 +662,22 @@ class EngineService:
 
     def kv_event_sources(self, request: kv_pb2.GetKvEventSourcesRequest,
                          native: bool = False) -> kv_pb2.GetKvEventSourcesResponse:
-        """The engine's own publishers; with ``native`` (v0.1.0) first our ``SubscribeKvEvents`` itself,
+        """The engine's own publishers; with ``native`` (v0.1.0) our ``SubscribeKvEvents`` itself instead,
         one ``grpc``/``protobuf`` source per DP rank it serves ("transport: grpc, zmq"; "Clients should
-        prefer SubscribeKvEvents when available"), so a client that discovers sources finds it."""
+        prefer SubscribeKvEvents when available"), so a client that discovers sources finds it. One source
+        per rank: Dynamo's reader refuses a rank advertised twice (ai-dynamo/dynamo
+        lib/sidecar/openengine/src/kv.rs @0cc34d99 ``discover_sources``), so an engine publisher is listed
+        there only for a rank the native stream does not serve; revision 1 lists the publishers."""
         native = native and Feature.KV_EVENTS in self.backend.features and self.grpc_port is not None
         if not native:
             self._require(Feature.KV_EVENT_SOURCES, "GetKvEventSources")
         ranks = list(request.data_parallel_ranks)
         resp = kv_pb2.GetKvEventSourcesResponse()
+        served: set[int] = set()
         if native:
             for rank in range(self.identity.parallelism.data_parallel_size or 1):
                 if not ranks or rank in ranks:
+                    served.add(rank)
                     resp.sources.add(transport="grpc", topic=NATIVE_KV_EVENTS_TOPIC, data_parallel_rank=rank,
                                      encoding="protobuf", endpoint_addr=kv_pb2.KvEndpoint(
                                          host=self.options.advertise_host, port=self.grpc_port, protocol="grpc"))
@@ -681,6 +686,8 @@ class EngineService:
         for src in self.backend.kv_event_sources(ranks):
             if ranks and src.data_parallel_rank is not None and src.data_parallel_rank not in ranks:
                 continue
+            if served and (src.data_parallel_rank is None or src.data_parallel_rank in served):
+                continue  # the native stream serves this rank (a rank-less publisher: every rank)
             msg = resp.sources.add()
             msg.CopyFrom(kv_messages.kv_event_source(src))
             if msg.endpoint_addr.host in WILDCARD_HOSTS:
