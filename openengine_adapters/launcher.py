@@ -205,11 +205,15 @@ def detach_engine_processes() -> None:
         cmd = list(original(**kwds))
         if "-c" in cmd[:-1]:
             i = cmd.index("-c") + 1
-            cmd[i] = "import os; os.setpgid(0, 0); " + cmd[i]
+            cmd[i] = "import os; os.setpgid(0, 0); " + CHILD_PRELUDE + cmd[i]
         return cmd
 
     get_command_line.openengine_detached = True
     spawn.get_command_line = get_command_line
+
+
+# run first in every engine process (they import transformers, which imports torchvision)
+CHILD_PRELUDE = "from openengine_adapters import torchvision_ops; torchvision_ops.install(); "
 
 
 class StartupInterrupted(BaseException):

