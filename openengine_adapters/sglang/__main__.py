@@ -39,6 +39,21 @@ def engine_version() -> str | None:
     return launcher.distribution_version("sglang")
 
 
+def add_adapter_args(parser: argparse.ArgumentParser) -> None:
+    """This adapter's own flags (no SGLang import: the documentation's reference is generated from them)."""
+    group = parser.add_argument_group("OpenEngine SGLang adapter")
+    group.add_argument("--openengine-max-top-n", type=int, default=20, help="largest top-n logprob candidates")
+    group.add_argument("--openengine-max-num-sequences", type=int, default=16,
+                       help="largest num_sequences (each output is one SGLang request)")
+    group.add_argument("--openengine-runtime-event-poll-s", type=float, default=0.05,
+                       help="get_loads poll period behind SubscribeRuntimeEvents (BATCH/QUEUE); 0 turns them off")
+    group.add_argument("--kv-events", action=argparse.BooleanOptionalAction, default=True,
+                       help="turn SGLang's KV-event publisher on, on a private loopback endpoint, so "
+                            "SubscribeKvEvents works (it is not advertised by GetKvEventSources; an explicit "
+                            "--kv-events-config replaces it and is advertised)")
+    launcher.add_version_flag(group, "sglang", engine_version())
+
+
 def build_parser() -> argparse.ArgumentParser:
     from sglang.srt.server_args import ServerArgs
 
@@ -53,17 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     ServerArgs.add_cli_args(parser)
     parser._optionals.title = "SGLang server arguments (SGLang's own, unchanged)"
     add_server_args(parser)  # resolves --host/--port to ours
-    group = parser.add_argument_group("OpenEngine SGLang adapter")
-    group.add_argument("--openengine-max-top-n", type=int, default=20, help="largest top-n logprob candidates")
-    group.add_argument("--openengine-max-num-sequences", type=int, default=16,
-                       help="largest num_sequences (each output is one SGLang request)")
-    group.add_argument("--openengine-runtime-event-poll-s", type=float, default=0.05,
-                       help="get_loads poll period behind SubscribeRuntimeEvents (BATCH/QUEUE); 0 turns them off")
-    group.add_argument("--kv-events", action=argparse.BooleanOptionalAction, default=True,
-                       help="turn SGLang's KV-event publisher on, on a private loopback endpoint, so "
-                            "SubscribeKvEvents works (it is not advertised by GetKvEventSources; an explicit "
-                            "--kv-events-config replaces it and is advertised)")
-    launcher.add_version_flag(group, "sglang", engine_version())
+    add_adapter_args(parser)
     for action in parser._actions:
         if action.dest == "model_path":
             action.required = False

