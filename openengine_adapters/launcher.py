@@ -212,8 +212,8 @@ def detach_engine_processes() -> None:
     spawn.get_command_line = get_command_line
 
 
-# run first in every engine process (they import transformers, which imports torchvision)
-CHILD_PRELUDE = "from openengine_adapters import torchvision_ops; torchvision_ops.install(); "
+# run first in every engine process (they import transformers, which imports torchvision and torchaudio)
+CHILD_PRELUDE = "from openengine_adapters import torch_extensions; torch_extensions.install(); "
 
 
 class StartupInterrupted(BaseException):

