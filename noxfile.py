@@ -151,7 +151,7 @@ def docs(session: nox.Session) -> None:
                     env={"DEBIAN_FRONTEND": "noninteractive"})
     session.install("-e", ".[docs]", "pytest>=8")
     started = time.monotonic()
-    session.run("mkdocs", "build", "--strict", "--site-dir", "site")
+    session.run("mkdocs", "build", "--strict", "--site-dir", "site", env={"NO_MKDOCS_2_WARNING": "1"})
     session.log(f"mkdocs build --strict: {time.monotonic() - started:.1f} s")
     session.run("python", "-m", "pytest", "tests/docs", "-p", "no:cacheprovider", *session.posargs,
                 env={"OPENENGINE_SITE_DIR": str(Path("site").resolve())})
