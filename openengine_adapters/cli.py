@@ -29,7 +29,10 @@ import os
 import sys
 from collections.abc import Callable
 
-import grpc
+# gRPC's core logs a failed TLS handshake on stderr as well; the CLI says it in its one line
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+import grpc  # noqa: E402
 from google.protobuf import json_format
 
 from openengine_adapters.client import (

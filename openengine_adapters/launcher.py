@@ -205,15 +205,11 @@ def detach_engine_processes() -> None:
         cmd = list(original(**kwds))
         if "-c" in cmd[:-1]:
             i = cmd.index("-c") + 1
-            cmd[i] = "import os; os.setpgid(0, 0); " + CHILD_PRELUDE + cmd[i]
+            cmd[i] = "import os; os.setpgid(0, 0); " + cmd[i]
         return cmd
 
     get_command_line.openengine_detached = True
     spawn.get_command_line = get_command_line
-
-
-# run first in every engine process (they import transformers, which imports torchvision and torchaudio)
-CHILD_PRELUDE = "from openengine_adapters import torch_extensions; torch_extensions.install(); "
 
 
 class StartupInterrupted(BaseException):
