@@ -1,5 +1,6 @@
 """Developer and CI sessions. README.md prints the two commands a user types: `nox -s demo` (set up vLLM on
-CPU and serve the demo model) and `nox -s lint unit docs demo_check vllm sglang docker` (the tests; what .ci/run runs)."""
+CPU and serve the demo model) and `nox -s lint unit docs demo_check vllm sglang docker` (the tests; what
+.ci/run runs)."""
 
 import re
 import shutil
