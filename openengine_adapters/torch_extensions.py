@@ -9,9 +9,8 @@ whenever they are installed, so vLLM cannot even parse its flags. Uninstalling t
 a package whose compiled library cannot load for want of a CUDA library beside a CPU torch is
 marked absent (``sys.modules[name] = None``: ``import`` raises ImportError and
 ``importlib.util.find_spec`` answers None, as if it were not installed), which is the state the
-vLLM CPU suites run in; nothing served here uses them. A working build is left alone. Every process
-this one starts through multiprocessing's "spawn" (vLLM's engine core, its workers) does the same
-as its first statement, and so on down the tree.
+vLLM CPU suites run in; nothing served here uses them. A working build is left alone. Every engine
+process does the same first (``engine_processes``).
 """
 
 from __future__ import annotations
@@ -41,32 +40,8 @@ def cuda_library_missing(library: Path) -> str | None:
     return None
 
 
-PRELUDE = "from openengine_adapters import torch_extensions; torch_extensions.install(); "
-
-
-def install_in_children() -> None:
-    """Run ``install`` first in every process spawned from this one (and theirs)."""
-    import multiprocessing.spawn as spawn
-
-    original = spawn.get_command_line
-    if getattr(original, "openengine_torch_extensions", False):
-        return
-
-    def get_command_line(**kwds):
-        cmd = list(original(**kwds))
-        if "-c" in cmd[:-1]:
-            i = cmd.index("-c") + 1
-            cmd[i] = PRELUDE + cmd[i]
-        return cmd
-
-    get_command_line.openengine_torch_extensions = True
-    spawn.get_command_line = get_command_line
-
-
 def install() -> None:
-    """Mark each CUDA-built extension package absent when this torch is a CPU build, here and in the
-    processes spawned from here (idempotent)."""
-    install_in_children()
+    """Mark each CUDA-built extension package absent when this torch is a CPU build (idempotent)."""
     if "torch" not in sys.modules and importlib.util.find_spec("torch") is None:
         return
     found = {name: importlib.util.find_spec(name) for name in FIRST_LIBRARY if name not in sys.modules}

@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog=PROG, conflict_handler="resolve", usage=f"{PROG} [OpenEngine flags] [SGLang server flags]",
+        formatter_class=launcher.HelpFormatter,
         description="Serve an SGLang engine over the OpenEngine gRPC contract (openengine.v1). Accepts SGLang's "
                     "server arguments unchanged (--host/--port are the gRPC server's). Without --model-path this "
                     "serves a tiny demo Llama with RANDOM weights (built under $OPENENGINE_DEMO_MODEL_DIR, default "
@@ -142,11 +143,10 @@ def main(argv: list[str] | None = None) -> None:
     launcher.handle_version(argv, "sglang", engine_version())
     os.environ.pop("OPENENGINE_GRPC_PORT", None)  # the plugin must not start a second server in here
     with launcher.startup("SGLang"):
-        reservation = launcher.check_port_early(launcher.early_server_args(argv))
+        reservation = launcher.check_port_early(launcher.early_server_args(argv, PROG, "--model-path"))
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         ns = build_parser().parse_args(argv)
         reservation = launcher.recheck_port(reservation, ns)
-        launcher.check_model_path(ns.model_path, "--model-path")
         if ns.model_path is None:
             demo_defaults(ns, argv)
         private_kv_events = default_kv_events(ns, argv)

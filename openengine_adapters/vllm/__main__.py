@@ -51,6 +51,9 @@ def add_adapter_args(parser: argparse.ArgumentParser) -> None:
                        help="turn vLLM's KV-event publisher on, on a private loopback endpoint, so "
                             "SubscribeKvEvents works (it is not advertised by GetKvEventSources; an explicit "
                             "--kv-events-config replaces it and is advertised)")
+    group.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
+                       help="the level of vLLM's own logs, in every engine process (VLLM_LOGGING_LEVEL); "
+                            "warning keeps start-up to our lines and the ready line")
     launcher.add_version_flag(group, "vllm", engine_version())
 
 
@@ -66,7 +69,7 @@ def build_parser():
         def format_help(self) -> str:
             if FlexibleArgumentParser._search_keyword is not None:
                 return super().format_help()
-            formatter = self._get_formatter()
+            formatter = launcher.HelpFormatter(prog=self.prog)
             formatter.add_usage(self.usage, self._actions, self._mutually_exclusive_groups)
             formatter.add_text(self.description)
             ours = [g for g in self._action_groups if g.title in OUR_GROUPS]
@@ -195,11 +198,13 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     launcher.handle_version(argv, "vllm", engine_version())
     with launcher.startup("vLLM"):
-        reservation = launcher.check_port_early(launcher.early_server_args(argv))
+        early = launcher.early_server_args(argv, PROG, "--model", add_adapter_args)
+        if early is not None:
+            os.environ["VLLM_LOGGING_LEVEL"] = early.log_level.upper()  # read when vLLM is imported
+        reservation = launcher.check_port_early(early)
         ns = build_parser().parse_args(argv)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         reservation = launcher.recheck_port(reservation, ns)
-        launcher.check_model_path(ns.model, "--model")
         if ns.model is None:
             demo_defaults(ns, argv)
         private_kv_events = default_kv_events(ns, argv)
