@@ -49,7 +49,7 @@ def pip_check(session: nox.Session) -> None:
 def demo_flags(posargs: list[str]) -> list[str]:
     """The demo's launcher flags: the user's, with vLLM's start-up logs at warning unless they chose."""
     chosen = any(a == "--log-level" or a.startswith("--log-level=") for a in posargs)
-    return [*posargs] if chosen else ["--log-level", "warning", *posargs]
+    return [*posargs] if chosen else ["--log-level", "WARNING", *posargs]
 
 
 @nox.session

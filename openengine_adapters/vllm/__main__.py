@@ -51,9 +51,6 @@ def add_adapter_args(parser: argparse.ArgumentParser) -> None:
                        help="turn vLLM's KV-event publisher on, on a private loopback endpoint, so "
                             "SubscribeKvEvents works (it is not advertised by GetKvEventSources; an explicit "
                             "--kv-events-config replaces it and is advertised)")
-    group.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
-                       help="the level of vLLM's own logs, in every engine process (VLLM_LOGGING_LEVEL); "
-                            "warning keeps start-up to our lines and the ready line")
     launcher.add_version_flag(group, "vllm", engine_version())
 
 
@@ -194,13 +191,22 @@ def startup_failure(exc: Exception) -> str:
     return f"the vLLM engine failed to start: {launcher.one_line(exc)}"
 
 
+def log_level_from_the_start(argv: list[str]) -> None:
+    """vLLM's own ``--log-level`` (e.g. WARNING) applied from the first import on, in every engine
+    process (through VLLM_LOGGING_LEVEL), so the start-up logs follow it too."""
+    for i, arg in enumerate(argv):
+        value = arg.split("=", 1)[1] if arg.startswith(("--log-level=", "--log_level=")) else \
+            (argv[i + 1] if arg in ("--log-level", "--log_level") and i + 1 < len(argv) else None)
+        if value:
+            os.environ["VLLM_LOGGING_LEVEL"] = value.upper()
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     launcher.handle_version(argv, "vllm", engine_version())
     with launcher.startup("vLLM"):
         early = launcher.early_server_args(argv, PROG, "--model", add_adapter_args)
-        if early is not None:
-            os.environ["VLLM_LOGGING_LEVEL"] = early.log_level.upper()  # read when vLLM is imported
+        log_level_from_the_start(argv)
         reservation = launcher.check_port_early(early)
         ns = build_parser().parse_args(argv)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

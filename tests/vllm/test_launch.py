@@ -173,7 +173,7 @@ def test_what_cannot_start_is_refused_before_the_engine_starts(model_dir):
     assert "EngineCore" not in out + err
     # what vLLM itself refuses while building its engine: one line naming it, no traceback
     code, out, err, _ = run_quick([*LAUNCHER, "--model", str(model_dir), "--port", "0", "--max-model-len", "100000",
-                                   "--kv-cache-memory-bytes", str(256 << 20), "--log-level", "warning"])
+                                   "--kv-cache-memory-bytes", str(256 << 20), "--log-level", "WARNING"])
     assert code == 1 and "Traceback" not in out + err, (out, err)
     assert not re.search(r"\bINFO \d\d-\d\d ", out + err), (out + err)[-3000:]  # vLLM's INFO lines: none
     last = stderr_lines(err)[-1]
