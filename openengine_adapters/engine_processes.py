@@ -39,6 +39,18 @@ def _prefix_spawned_processes() -> None:
     spawn.get_command_line = get_command_line
 
 
+def end_without_teardown(code: int) -> None:
+    """End this process now: everyone's atexit clean-up, flushed output, then exit ``code`` without
+    the interpreter's teardown (the launcher, once it has stopped its engine)."""
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed pipe: nothing left to say
+            pass
+    os._exit(code)
+
+
 def _end_without_teardown() -> None:
     """A spawned process's ``spawn_main`` ends in ``sys.exit(code)``: run the atexit clean-up then,
     flush, and leave with the same code, skipping the interpreter's teardown."""
@@ -54,13 +66,7 @@ def _end_without_teardown() -> None:
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        atexit._run_exitfuncs()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # a closed pipe: nothing left to say
-                pass
-        os._exit(code)
+        end_without_teardown(code)
 
     spawn_main.openengine_prelude = True
     spawn.spawn_main = spawn_main

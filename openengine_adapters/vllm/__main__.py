@@ -218,6 +218,9 @@ def main(argv: list[str] | None = None) -> None:
         import uvloop  # a vLLM dependency; the loop vLLM's own servers run on
 
         uvloop.run(serve(ns, reservation, advertise_kv_events=not private_kv_events))
+    from openengine_adapters import engine_processes
+
+    engine_processes.end_without_teardown(0)  # served and stopped: no Triton nanobind report at teardown
 
 
 if __name__ == "__main__":
