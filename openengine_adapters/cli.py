@@ -1,19 +1,23 @@
-"""``openengine``: a command-line client for any OpenEngine server, on the typed client.
+"""openengine: a command-line client for any OpenEngine server, on the typed client.
 
     openengine [--target HOST:PORT] [--contract revision-1|v0.1.0] [TLS/token options] COMMAND ...
 
     info                      the server's identity (EngineInfo / ServerInfo) as JSON
     models                    each served model's ModelInfo as JSON
-    health [--probe]          health state and checks (with --probe: a minimal inference)
+    health [--probe]          health state (READY, NOT_READY, ...) and checks (--probe: a minimal inference)
     load [--per-rank]         the engine's current load
-    generate PROMPT           stream text as it arrives (--json: every event as a JSON line)
+    generate PROMPT           stream text as it arrives, then the finish reason and usage
+                              (--json: every event as a JSON line)
     abort REQUEST_ID | --all  abort one request, or every request (an operator action)
     kv-events                 tail KV cache events as JSON lines (Ctrl-C to stop)
     runtime-events            tail runtime events as JSON lines (revision 1 only)
 
-``--target`` defaults to ``$OPENENGINE_TARGET`` or ``localhost:50051``; ``--token`` to
-``$OPENENGINE_API_KEY``. The exit status is 0 on success, 1 when the server refuses or fails the
-call (its status and message are printed on stderr), 2 on bad usage.
+--target defaults to $OPENENGINE_TARGET or localhost:50051; --token to $OPENENGINE_API_KEY. JSON is
+indented on a terminal and compact (one object a line) when piped or with --json.
+
+exit status: 0 success; 1 the server refused or failed the call; 2 bad usage; 3 the server cannot be
+reached (not running, wrong address, TLS mismatch); 4 credentials refused (UNAUTHENTICATED,
+PERMISSION_DENIED); 5 not found (an unknown model); 130 interrupted. Errors are one line on stderr.
 """
 
 from __future__ import annotations
@@ -25,25 +29,67 @@ import os
 import sys
 from collections.abc import Callable
 
-import grpc
+# gRPC's core logs a failed TLS handshake on stderr as well; the CLI says it in its one line
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+import grpc  # noqa: E402
 from google.protobuf import json_format
 
-from openengine_adapters.client import IncompatibleServer, NotOnSurface, OpenEngineClient
+from openengine_adapters.client import (
+    AuthenticationRefused,
+    IncompatibleServer,
+    NotFound,
+    NotOnSurface,
+    OpenEngineClient,
+    OpenEngineError,
+    ServerUnreachable,
+    typed_error,
+)
 from openengine_adapters.security.channel import add_client_args
 from openengine_adapters.v1 import error_pb2, lifecycle_pb2
 from openengine_adapters.v1 import generation_pb2 as g
 
 DEFAULT_TARGET = "localhost:50051"
-HEALTH = {v: k.removeprefix("HEALTH_STATE_").lower() for k, v in lifecycle_pb2.HealthState.items()}
+HEALTH = {v: k.removeprefix("HEALTH_STATE_") for k, v in lifecycle_pb2.HealthState.items()}  # as the contract
+EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_REFUSED, EXIT_NOT_FOUND = 1, 2, 3, 4, 5
+INDENT: int | None = None  # set by main: 2 on a terminal, None (one line per object) when piped or --json
 
 
-def as_json(message) -> str:
-    return json.dumps(json_format.MessageToDict(message, preserving_proto_field_name=True), sort_keys=True)
+def as_json(message, indent: int | None = None) -> str:
+    return json.dumps(json_format.MessageToDict(message, preserving_proto_field_name=True), sort_keys=True,
+                      indent=indent)
+
+
+def version_text() -> str:
+    from openengine_adapters.launcher import distribution_version
+    from openengine_adapters.launcher import version_text as releases
+
+    return f"openengine {distribution_version('openengine-adapters') or 'unknown'}\n" + \
+        "\n".join(releases("engine", None).splitlines()[2:])
+
+
+def failure_line(target: str, exc: OpenEngineError) -> tuple[int, str]:
+    """The one line and exit status for a refused or failed call."""
+    detail = " ".join((exc.message or exc.status.name).split())
+    if isinstance(exc, ServerUnreachable):
+        tls = any(word in detail.lower() for word in ("ssl", "tls", "handshake", "certificate"))
+        hint = ("the TLS handshake failed: check --tls/--tls-ca-file against the server's TLS setting"
+                if tls else "is the server running there, and does it speak TLS (then add --tls-ca-file)?")
+        return EXIT_UNREACHABLE, f"openengine: cannot reach {target}: {hint} ({detail})"
+    if isinstance(exc, AuthenticationRefused):
+        return EXIT_REFUSED, f"openengine: {target}: {exc.status.name}: {detail} (check --token)"
+    if isinstance(exc, NotFound):
+        return EXIT_NOT_FOUND, f"openengine: {target}: NOT_FOUND: {detail}"
+    return EXIT_FAILED, f"openengine: {target}: {exc.status.name}: {detail}"
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="openengine", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=version_text(),
+                   help="print this client's version and the schema releases it speaks, then exit")
+    p.add_argument("--json", action="store_true", dest="compact",
+                   help="compact JSON, one object a line (the default when the output is not a terminal)")
     p.add_argument("--target", default=os.environ.get("OPENENGINE_TARGET", DEFAULT_TARGET),
                    help=f"HOST:PORT of the server (default: $OPENENGINE_TARGET or {DEFAULT_TARGET})")
     p.add_argument("--contract", choices=("revision-1", "v0.1.0"), default="revision-1",
@@ -93,8 +139,17 @@ def generate_request(args) -> g.GenerateRequest:
     return req
 
 
+def finish_text(finished: g.GenerationFinished) -> str:
+    reason = g.FinishReason.Name(finished.reason).removeprefix("FINISH_REASON_") \
+        if finished.reason in g.FinishReason.values() else str(finished.reason)
+    match = finished.stop_match.WhichOneof("match")
+    return reason + (f" ({match} {getattr(finished.stop_match, match)!r})" if match else "") + \
+        (f": {finished.message}" if finished.message else "")
+
+
 async def run_generate(client: OpenEngineClient, args, out: Callable[[str], None]) -> int:
-    """Text as it arrives (outputs labelled when there are several); a terminal error is exit 1."""
+    """Text as it arrives (outputs labelled when there are several), then why each output stopped and
+    the usage, on stderr (stdout stays the text); a terminal error is exit 1."""
     req = generate_request(args)
     several = req.sampling.num_sequences > 1
     status = 0
@@ -105,8 +160,13 @@ async def run_generate(client: OpenEngineClient, args, out: Callable[[str], None
         elif kind == "token":
             text = resp.token.text
             out(f"[{resp.token.output_index}] {text}\n" if several else text)
-        elif kind == "finished" and not several and resp.HasField("usage"):
-            out("\n")
+        elif kind == "finished":
+            if not several:
+                out("\n")
+            label = f"[{resp.finished.output_index}] " if several else ""
+            print(f"{label}finished: {finish_text(resp.finished)}", file=sys.stderr, flush=True)
+        elif kind == "prefill_ready" and not args.json:
+            print("prefill ready: KV session handed off", file=sys.stderr, flush=True)
         if kind == "error":
             if not args.json:
                 code = error_pb2.ErrorCode.Name(resp.error.code) if resp.error.code in error_pb2.ErrorCode.values() \
@@ -115,32 +175,36 @@ async def run_generate(client: OpenEngineClient, args, out: Callable[[str], None
             status = 1
         if resp.HasField("usage") and not args.json:
             u = resp.usage
-            print(f"[{u.prompt_tokens} prompt + {u.completion_tokens} completion tokens]", file=sys.stderr)
+            print(f"usage: {u.prompt_tokens} prompt + {u.completion_tokens} completion tokens", file=sys.stderr)
     return status
 
 
 async def tail(stream, out: Callable[[str], None]) -> int:
     async for event in stream:
-        out(as_json(event) + "\n")
+        out(as_json(event) + "\n")  # one event a line, also on a terminal: a tail is read line by line
         if event.WhichOneof("event") == "error":
             return 1
     return 0
 
 
 async def run(args, out: Callable[[str], None]) -> int:
-    client = OpenEngineClient(args.target, contract=args.contract, tls=args.tls, tls_ca_file=args.tls_ca_file,
-                              tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file, token=args.token)
+    try:
+        client = OpenEngineClient(args.target, contract=args.contract, tls=args.tls, tls_ca_file=args.tls_ca_file,
+                                  tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file, token=args.token)
+    except (OSError, ValueError) as exc:  # an unreadable certificate file, a token gRPC cannot send
+        print(f"openengine: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         info = await client.connect(timeout=min(args.timeout, 10.0))
         cmd = args.command
         if cmd == "info":
             if args.contract == "v0.1.0":
-                out(as_json(await client.stub.GetServerInfo(timeout=args.timeout)) + "\n")
+                out(as_json(await client.stub.GetServerInfo(timeout=args.timeout), INDENT) + "\n")
             else:
-                out(as_json(info) + "\n")
+                out(as_json(info, INDENT) + "\n")
         elif cmd == "models":
             for name in info.supported_models:
-                out(as_json(await client.get_model_info(name)) + "\n")
+                out(as_json(await client.get_model_info(name), INDENT) + "\n")
         elif cmd == "health":
             resp = await client.health(include_inference_probe=args.probe)
             out(f"{HEALTH.get(resp.state, resp.state)}\n")
@@ -148,7 +212,7 @@ async def run(args, out: Callable[[str], None]) -> int:
                 out(f"  {c.name}: {HEALTH.get(c.state, c.state)}{' - ' + c.message if c.message else ''}\n")
             return 0 if resp.state in (lifecycle_pb2.HEALTH_STATE_READY, lifecycle_pb2.HEALTH_STATE_DEGRADED) else 1
         elif cmd == "load":
-            out(as_json(await client.get_load(args.per_rank)) + "\n")
+            out(as_json(await client.get_load(args.per_rank), INDENT) + "\n")
         elif cmd == "generate":
             return await run_generate(client, args, out)
         elif cmd == "abort":
@@ -161,8 +225,9 @@ async def run(args, out: Callable[[str], None]) -> int:
             return await tail(client.subscribe_runtime_events(), out)
         return 0
     except grpc.aio.AioRpcError as exc:
-        print(f"openengine: {args.target}: {exc.code().name}: {exc.details()}", file=sys.stderr)
-        return 1
+        status, line = failure_line(args.target, typed_error(exc))
+        print(line, file=sys.stderr)
+        return status
     except (IncompatibleServer, NotOnSurface) as exc:
         print(f"openengine: {exc}", file=sys.stderr)
         return 1
@@ -171,7 +236,9 @@ async def run(args, out: Callable[[str], None]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global INDENT
     args = build_parser().parse_args(argv)
+    INDENT = 2 if sys.stdout.isatty() and not args.compact else None
 
     def out(text: str) -> None:
         sys.stdout.write(text)

@@ -4,21 +4,27 @@
 upstream's released ``Inference`` + ``Control`` through the same revision-1-typed methods
 (``wire.v0_1.stub``; RPCs v0.1.0 lacks raise ``NotOnSurface``). ``connect()`` reads the server's
 identity and refuses a schema revision or release outside what this client was tested with for
-that contract, or a server that requires a newer client.
+that contract, or a server that requires a newer client. A call the server refuses (or cannot be
+reached for) raises ``OpenEngineError`` (a ``grpc.aio.AioRpcError``) carrying the status, the message
+and the ``EngineError`` of the ``openengine-error-bin`` trailer; its subclasses name the cases a
+caller acts on: ``ServerUnreachable``, ``AuthenticationRefused``, ``NotFound``.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator, Iterable
 
 import grpc
 
 from openengine_adapters import schema
+from openengine_adapters.errors import ERROR_TRAILER
 from openengine_adapters.security.channel import open_channel
 from openengine_adapters.v1 import (
     classification_pb2,
     embedding_pb2,
     engine_pb2,
+    error_pb2,
     generation_pb2,
     kv_pb2,
     lifecycle_pb2,
@@ -30,7 +36,8 @@ from openengine_adapters.v1 import (
 )
 from openengine_adapters.wire.v0_1.stub import NotOnSurface, V01Stub
 
-__all__ = ["IncompatibleServer", "NotOnSurface", "OpenEngineClient", "check_compatible"]
+__all__ = ["AuthenticationRefused", "IncompatibleServer", "NotFound", "NotOnSurface", "OpenEngineClient",
+           "OpenEngineError", "ServerUnreachable", "check_compatible"]
 
 CLIENT_REVISION = schema.SCHEMA_REVISION
 TESTED_SERVER_REVISIONS = range(1, 2)
@@ -42,6 +49,108 @@ TESTED_RELEASES_BY_CONTRACT = {"revision-1": TESTED_RELEASES,
 
 class IncompatibleServer(RuntimeError):
     """The server's advertised contract is outside this client's tested range."""
+
+
+class OpenEngineError(grpc.aio.AioRpcError):
+    """A call the server refused or failed: ``status`` (a ``grpc.StatusCode``), ``message``, and
+    ``engine_error``, the contract's ``EngineError`` from the ``openengine-error-bin`` trailer (None
+    when the server sent none: a transport failure, an RPC the server lacks)."""
+
+    def __init__(self, exc: grpc.aio.AioRpcError) -> None:
+        super().__init__(exc.code(), exc.initial_metadata(), exc.trailing_metadata(), exc.details(),
+                         exc.debug_error_string())
+        self.status = exc.code()
+        self.message = exc.details() or ""
+        self.engine_error = engine_error_of(exc.trailing_metadata())
+
+    def __str__(self) -> str:
+        return f"{self.status.name}: {self.message}"
+
+
+class ServerUnreachable(OpenEngineError):
+    """No server answered (UNAVAILABLE before any response): not running, wrong address, or a TLS
+    mismatch (a TLS client on a plaintext server, an untrusted certificate, plaintext on TLS)."""
+
+
+class AuthenticationRefused(OpenEngineError):
+    """UNAUTHENTICATED (no key, or a wrong one) or PERMISSION_DENIED (a key without the right)."""
+
+
+class NotFound(OpenEngineError):
+    """NOT_FOUND: an unknown model, request id, LoRA adapter or KV session."""
+
+
+def engine_error_of(trailing_metadata) -> error_pb2.EngineError | None:
+    for key, value in trailing_metadata or ():
+        if key == ERROR_TRAILER and isinstance(value, bytes):
+            try:
+                return error_pb2.EngineError.FromString(value)
+            except Exception:  # a malformed trailer is no EngineError
+                return None
+    return None
+
+
+def typed_error(exc: grpc.aio.AioRpcError) -> OpenEngineError:
+    if isinstance(exc, OpenEngineError):
+        return exc
+    kind = {grpc.StatusCode.UNAVAILABLE: ServerUnreachable, grpc.StatusCode.UNAUTHENTICATED: AuthenticationRefused,
+            grpc.StatusCode.PERMISSION_DENIED: AuthenticationRefused,
+            grpc.StatusCode.NOT_FOUND: NotFound}.get(exc.code(), OpenEngineError)
+    if kind is ServerUnreachable and engine_error_of(exc.trailing_metadata()) is not None:
+        kind = OpenEngineError  # a server answered (draining, an engine gone): reachable
+    return kind(exc)
+
+
+class _TypedStream:
+    """A streaming call whose refusal is raised as an ``OpenEngineError``."""
+
+    def __init__(self, call) -> None:
+        self._call = call
+
+    def __aiter__(self):
+        return self._iterate()
+
+    async def _iterate(self):
+        try:
+            async for item in self._call:
+                yield item
+        except grpc.aio.AioRpcError as exc:
+            raise typed_error(exc) from None
+
+    async def read(self):
+        try:
+            return await self._call.read()
+        except grpc.aio.AioRpcError as exc:
+            raise typed_error(exc) from None
+
+    def __getattr__(self, name):  # cancel, code, details, trailing_metadata, done ...
+        return getattr(self._call, name)
+
+
+class _TypedStub:
+    """The stub with every call's refusal raised as an ``OpenEngineError``."""
+
+    def __init__(self, stub) -> None:
+        self._stub = stub
+
+    def __getattr__(self, name):
+        method = getattr(self._stub, name)
+        if not callable(method):
+            return method
+
+        def call(*args, **kwargs):
+            result = method(*args, **kwargs)
+            if hasattr(result, "__aiter__"):
+                return _TypedStream(result)
+            if inspect.isawaitable(result):
+                async def unary():
+                    try:
+                        return await result
+                    except grpc.aio.AioRpcError as exc:
+                        raise typed_error(exc) from None
+                return unary()
+            return result
+        return call
 
 
 def check_compatible(info: engine_pb2.EngineInfo, revisions: range = TESTED_SERVER_REVISIONS,
@@ -72,8 +181,8 @@ class OpenEngineClient:
         self.contract = contract
         self.channel = open_channel(target, credentials=credentials, tls=tls, ca_file=tls_ca_file,
                                     cert_file=tls_cert_file, key_file=tls_key_file, token=token, options=options)
-        self.stub = (openengine_pb2_grpc.OpenEngineStub(self.channel) if contract == "revision-1"
-                     else V01Stub(self.channel))
+        self.stub = _TypedStub(openengine_pb2_grpc.OpenEngineStub(self.channel) if contract == "revision-1"
+                               else V01Stub(self.channel))
         self.engine_info: engine_pb2.EngineInfo | None = None
 
     async def connect(self, timeout: float | None = 10.0) -> engine_pb2.EngineInfo:

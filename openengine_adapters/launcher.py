@@ -4,7 +4,8 @@
 - ``--help``: our flag groups first (``ours_first``), the engine's own flags after them.
 - The gRPC port is checked before the engine starts (``check_port_early``), so a busy port fails in
   a second instead of after a minute of engine start-up.
-- A model path that does not exist is said as such before the engine starts (``check_model_path``).
+- Our own flags are checked, and a model path that does not exist is said as such, before the port
+  check and the engine import (``early_server_args``, ``check_model_path``).
 - ``startup``: SIGINT/SIGTERM/SIGHUP during start-up stop the engine's processes and end the
   launcher with one line, no tracebacks; an engine that fails to start ends with one line too.
 - ``detach_engine_processes``: the engine processes a launcher spawns start in their own process
@@ -104,29 +105,45 @@ def flag_given(argv: Sequence[str], *flags: str, underscores: bool = False) -> b
     return False
 
 
-def early_server_args(argv: Sequence[str]) -> argparse.Namespace | None:
-    """``--host``/``--port``/``--reuse-port`` read before the engine is even imported, or None when
-    the command line asks for help (or these flags do not parse: the full parser will say why)."""
+def early_server_args(argv: Sequence[str], prog: str | None = None, model_flag: str | None = None,
+                      adapter_args=None) -> argparse.Namespace | None:
+    """Our server and security flags read and checked before the engine is even imported (None when
+    the command line asks for help): a bad value ends the launcher here, exit 2 naming the flag and
+    the rule, before the port check and before the engine's own parser. ``model_flag`` (the engine's
+    model flag, e.g. ``--model``): a local model path that does not exist is said here too, so a
+    missing model is not reported as a busy port. ``adapter_args(parser)`` adds the adapter's own flags
+    (engine-free). Unknown flags are left to the engine's parser."""
     if any(a in ("-h", "--help") or a.startswith("--help=") for a in argv):
         return None
-    from openengine_adapters.server import ServerConfig, setting
+    from openengine_adapters.server import add_server_args
 
-    d = ServerConfig()
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
-    p.add_argument("--host", default=d.host)
-    p.add_argument("--port", type=setting("port"), default=d.port)
-    p.add_argument("--reuse-port", action="store_true")
+    p = argparse.ArgumentParser(prog=prog, add_help=False, allow_abbrev=False)
+    add_server_args(p)
+    if adapter_args is not None:
+        adapter_args(p)
+    if model_flag:
+        p.add_argument(model_flag, dest="early_model", default=None)
     normalised = [("--" + a[2:].split("=", 1)[0].replace("_", "-") + a[len(a.split("=", 1)[0]):])
                   if a.startswith("--") else a for a in argv]
-    try:
-        ns, _ = p.parse_known_args(normalised)
-    except (argparse.ArgumentError, SystemExit):
-        return None
+    ns, _ = p.parse_known_args(normalised)  # exits 2 with the flag and the rule
+    if model_flag:
+        check_model_path(ns.early_model, model_flag)
     return ns
 
 
 # --------------------------------------------------------------------------------------------
 # --help: our flags first
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """``(default: X)`` where X means something: not for switches (``--no-reflection``, whose
+    ``default: True`` is the setting it turns off), nor for an absent or empty default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.nargs == 0 or action.default in (None, "", [], argparse.SUPPRESS) \
+                or isinstance(action, argparse.BooleanOptionalAction):
+            return action.help or ""
+        return super()._get_help_string(action)
 
 
 def ours_first(parser: argparse.ArgumentParser, titles: Iterable[str]) -> None:

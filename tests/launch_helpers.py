@@ -32,16 +32,17 @@ METRICS = re.compile(r"Prometheus metrics on (http://\S+/metrics)")
 
 
 def readme_command(engine: str) -> list[str]:
-    """The README's run command for ``engine``, verbatim (a line of a code block in "## Run" that is
-    ``python -m openengine_adapters.<engine>`` and nothing else but a comment), as an argv."""
-    text = (ROOT / "README.md").read_text()
+    """The quickstart's run command for ``engine`` (what the README's demo command serves), verbatim (a
+    line of a code block in "## Run" of docs/quickstart.md that is ``python -m openengine_adapters.<engine>``
+    and nothing else but a comment), as an argv."""
+    text = (ROOT / "docs" / "quickstart.md").read_text()
     run = text.split("\n## Run\n", 1)[1].split("\n## ", 1)[0]
     wanted = f"python -m openengine_adapters.{engine}"
     for block in re.findall(r"```bash\n(.*?)```", run, re.S):
         for line in block.splitlines():
             if line.split("#", 1)[0].strip() == wanted:
                 return [sys.executable, "-m", f"openengine_adapters.{engine}"]
-    raise AssertionError(f"README's Run section has no line `{wanted}`")
+    raise AssertionError(f"docs/quickstart.md's Run section has no line `{wanted}`")
 
 
 def user_env(**extra: str) -> dict[str, str]:

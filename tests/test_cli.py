@@ -43,8 +43,8 @@ def test_info_models_health_load(server, contract):
     models = [json.loads(line) for line in cli("--contract", contract, "models", target=server).stdout.splitlines()]
     assert [m["served_model_name"] for m in models] == ["tiny"]
     health = cli("--contract", contract, "health", "--probe", target=server)
-    assert health.returncode == 0 and health.stdout.startswith("ready"), health
-    assert "inference_probe: ready" in health.stdout
+    assert health.returncode == 0 and health.stdout.splitlines()[0] == "READY", health  # as the contract spells it
+    assert "inference_probe: READY" in health.stdout
     load = json.loads(cli("--contract", contract, "load", target=server).stdout)
     assert load["running_requests"] == 0
 
@@ -53,7 +53,8 @@ def test_info_models_health_load(server, contract):
 def test_generate_streams_text_and_json_events(server, contract):
     run = cli("--contract", contract, "generate", "hello", "--max-tokens", "5", target=server)
     assert run.returncode == 0, run.stderr
-    assert len(run.stdout.strip()) == 5 and "[5 prompt + 5 completion tokens]" in run.stderr
+    assert len(run.stdout.strip()) == 5, run.stdout  # stdout is the text alone
+    assert run.stderr.splitlines() == ["finished: LENGTH", "usage: 5 prompt + 5 completion tokens"], run.stderr
     events = [json.loads(line) for line in
               cli("--contract", contract, "generate", "hello", "--max-tokens", "3", "--json", target=server)
               .stdout.splitlines()]
@@ -65,9 +66,17 @@ def test_generate_streams_text_and_json_events(server, contract):
     assert {line[:3] for line in several.stdout.splitlines() if line} == {"[0]", "[1]"}
 
 
-def test_generate_refused_is_exit_1_with_the_status(server):
+def test_generate_ends_with_the_stop_that_ended_it(server):
+    run = cli("generate", "hello", "--max-tokens", "20", "--stop", "l", target=server)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.splitlines()[0] == "finished: STOP (stop_text 'l')", run.stderr
+
+
+def test_unknown_model_is_exit_5_in_one_line(server):
     run = cli("generate", "hi", "--model", "nope", target=server)
-    assert run.returncode == 1 and "NOT_FOUND" in run.stderr and "model" in run.stderr
+    assert run.returncode == 5, run
+    assert run.stderr.count("\n") == 1 and run.stderr.startswith(f"openengine: {server}: NOT_FOUND: ")
+    assert "nope" in run.stderr and "Traceback" not in run.stderr
 
 
 def test_generate_engine_failure_is_exit_1(server):
@@ -77,7 +86,7 @@ def test_generate_engine_failure_is_exit_1(server):
 
 def test_abort(server):
     unknown = cli("abort", "never-sent", target=server)
-    assert unknown.returncode == 1 and "NOT_FOUND" in unknown.stderr
+    assert unknown.returncode == 5 and "NOT_FOUND" in unknown.stderr
     everything = cli("abort", "--all", target=server)  # loopback: an operator action is allowed
     assert everything.returncode == 0 and everything.stdout.startswith("aborted"), everything
 
@@ -98,12 +107,86 @@ def test_event_tails_and_a_closed_pipe(server):
     assert '"token"' in shell.stdout and "Traceback" not in shell.stderr, shell.stderr
 
 
-def test_unreachable_target_is_one_line():
+def test_unreachable_target_is_exit_3_in_one_line():
     started = time.monotonic()
-    run = cli("--timeout", "2", "info", target=f"127.0.0.1:{free_port()}")
-    assert run.returncode == 1 and len(run.stderr.strip().splitlines()) == 1, run.stderr
-    assert "UNAVAILABLE" in run.stderr or "DEADLINE_EXCEEDED" in run.stderr
+    target = f"127.0.0.1:{free_port()}"
+    run = cli("--timeout", "2", "info", target=target)
+    assert run.returncode == 3 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert run.stderr.startswith(f"openengine: cannot reach {target}: is the server running there"), run.stderr
     assert time.monotonic() - started < 20
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory):
+    """A TLS server with a client key and an admin key."""
+    from pki import make_ca
+
+    d = tmp_path_factory.mktemp("pki")
+    ca = make_ca(d, "ca")
+    leaf = ca.issue(d, "server", hosts=("127.0.0.1", "localhost"))
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "serve_fake.py"), "--host", "127.0.0.1",
+                             "--port", "0", "--tls-cert-file", leaf.cert, "--tls-key-file", leaf.key,
+                             "--api-key", "k1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=ENV, text=True)
+    line = proc.stdout.readline()
+    m = re.search(r"ready on .*:(\d+)", line)
+    assert m, line
+    yield f"127.0.0.1:{m.group(1)}", ca.cert, make_ca(d, "other").cert
+    proc.terminate()
+    proc.wait(15)
+
+
+def test_tls_mismatches_and_refused_tokens_are_one_line_each(tls_server, server):
+    target, ca, other = tls_server
+    ok = cli("--tls-ca-file", ca, "--token", "k1", "health", target=target)
+    assert ok.returncode == 0 and ok.stdout.startswith("READY"), ok
+    for args, where, status in (
+            (("--token", "k1"), target, 3),  # plaintext to a TLS server
+            (("--tls-ca-file", other, "--token", "k1"), target, 3),  # a CA that did not sign it
+            (("--tls-ca-file", ca), server, 3),  # TLS to a plaintext server
+            (("--tls-ca-file", ca, "--token", "wrong"), target, 4),
+            (("--tls-ca-file", ca), target, 4)):  # no token
+        run = cli("--timeout", "5", *args, "info", target=where)
+        assert run.returncode == status, (args, run)
+        assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr, (args, run.stderr)
+        if status == 3:
+            assert run.stderr.startswith(f"openengine: cannot reach {where}: "), run.stderr
+        else:
+            assert "UNAUTHENTICATED" in run.stderr and "--token" in run.stderr, run.stderr
+
+
+def test_version_and_help_read_as_plain_text():
+    version = cli("--version")
+    assert version.returncode == 0 and version.stdout.startswith("openengine "), version
+    assert "schema_release" in version.stdout
+    helptext = cli("--help")
+    assert helptext.returncode == 0 and "``" not in helptext.stdout and "exit status: 0 success" in helptext.stdout
+
+
+def test_json_is_indented_on_a_terminal_and_compact_when_piped(server):
+    """A terminal (a pty) gets indented JSON; a pipe and --json one object a line."""
+    import pty
+
+    piped = cli("info", target=server).stdout
+    assert len(piped.strip().splitlines()) == 1 and json.loads(piped)["engine_name"] == "fake"
+    argv = [sys.executable, "-m", "openengine_adapters.cli", "--target", server]
+    for extra, lines in (((), "many"), (("--json",), "one")):
+        output = bytearray()
+
+        def read(fd, output=output):
+            data = os.read(fd, 65536)
+            output.extend(data)
+            return data
+        old = dict(os.environ)
+        os.environ["PYTHONPATH"] = ENV["PYTHONPATH"]
+        try:
+            status = pty.spawn([*argv, *extra, "info"], read)
+        finally:
+            os.environ.clear()
+            os.environ.update(old)
+        text = output.decode().replace("\r\n", "\n").strip()
+        assert os.waitstatus_to_exitcode(status) == 0, text
+        assert json.loads(text)["engine_name"] == "fake"
+        assert (len(text.splitlines()) > 5) == (lines == "many"), text
 
 
 def test_console_script_is_declared():

@@ -98,3 +98,31 @@ def test_rerank_stable_by_direction_ties_by_index_top_n():
 def test_rerank_refuses_unrankable(resp):
     with pytest.raises(NotRankable):
         rerank(resp)
+
+
+@pytest.mark.parametrize("contract", ["revision-1", "v0.1.0"])
+async def test_refusals_are_typed_errors_with_the_status_message_and_engine_error(oe, contract):
+    """A refused call raises OpenEngineError (still a grpc.aio.AioRpcError) carrying the status, the
+    message and the trailer's EngineError; an unknown model is NotFound; no server is ServerUnreachable."""
+    import grpc
+
+    from openengine_adapters.client import NotFound, OpenEngineError, ServerUnreachable
+    from openengine_adapters.v1 import error_pb2
+
+    async with OpenEngineClient(oe.target, contract=contract) as client:
+        with pytest.raises(NotFound) as unknown:
+            await client.get_model_info("nope")
+        assert unknown.value.status == grpc.StatusCode.NOT_FOUND and "nope" in unknown.value.message
+        assert unknown.value.engine_error.code == error_pb2.ERROR_CODE_MODEL_NOT_FOUND
+        with pytest.raises(NotFound) as streamed:
+            [r async for r in client.generate(gen_request("hi", model="nope"))]
+        assert streamed.value.engine_error.code == error_pb2.ERROR_CODE_MODEL_NOT_FOUND
+        with pytest.raises(OpenEngineError) as bad:
+            [r async for r in client.generate(gen_request("hi", sampling={"temperature": -1}))]
+        assert bad.value.status == grpc.StatusCode.INVALID_ARGUMENT and isinstance(bad.value, grpc.aio.AioRpcError)
+        assert bad.value.engine_error is not None and "temperature" in bad.value.engine_error.message
+    from helpers import free_port
+
+    with pytest.raises(ServerUnreachable) as down:
+        await OpenEngineClient(f"127.0.0.1:{free_port()}").connect(timeout=5)
+    assert down.value.status == grpc.StatusCode.UNAVAILABLE and down.value.engine_error is None

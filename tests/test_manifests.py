@@ -1,4 +1,5 @@
-"""Adapter manifests are well formed and the README's support table is generated from them."""
+"""Adapter manifests are well formed and the documentation's support table (docs/support.md) is generated
+from them."""
 
 import importlib.util
 import json
@@ -34,9 +35,9 @@ def test_manifest_shape(path):
             assert f["grpc_status"] in GRPC
 
 
-def test_readme_support_table_is_generated_from_manifests():
-    assert load_tool().render() in (ROOT / "README.md").read_text(), \
-        "README support table is stale: run python tools/support_table.py --write"
+def test_docs_support_table_is_generated_from_manifests():
+    assert load_tool().render() in (ROOT / "docs" / "support.md").read_text(), \
+        "docs/support.md's support table is stale: run python tools/support_table.py --write"
 
 
 def test_each_engine_adapter_has_its_declared_contract_folder():

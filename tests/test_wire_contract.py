@@ -25,7 +25,7 @@ from openengine_adapters import types as oe_types
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SPEC = ROOT / "spec" / "openengine-api-v1.md"
-SHARED_SPEC = ROOT / ".." / "shared" / "spec" / "openengine-api-v1.md"
+SPEC_PROVENANCE = ROOT / "spec" / "PROVENANCE.md"
 STUB_DIR = ROOT / "openengine_adapters" / "v1"
 GEN_PROTO = ROOT / "tools" / "gen_proto.py"
 PACKAGE = "openengine.v1"
@@ -225,11 +225,14 @@ def test_spec_blocks_are_extracted(spec_blocks):
     assert {"GenerateRequest", "EngineInfo", "KvSessionRef", "ErrorCode", "OpenEngine"} <= set(names)
 
 
-def test_vendored_spec_matches_shared_copy():
-    if not SHARED_SPEC.exists():
-        pytest.skip(f"no shared spec at {SHARED_SPEC}")
-    assert SPEC.read_bytes() == SHARED_SPEC.resolve().read_bytes(), (
-        f"{SPEC.relative_to(ROOT)} differs from {SHARED_SPEC.resolve()}; re-vendor the spec")
+def test_vendored_spec_is_the_one_its_provenance_records():
+    """The spec text is vendored (tests read only the repository): it changes only with its record."""
+    import hashlib
+
+    recorded = re.search(r"^sha256: ([0-9a-f]{64})$", SPEC_PROVENANCE.read_text(), re.M)
+    assert recorded, SPEC_PROVENANCE
+    assert hashlib.sha256(SPEC.read_bytes()).hexdigest() == recorded.group(1), (
+        f"{SPEC.relative_to(ROOT)} differs from the copy {SPEC_PROVENANCE.relative_to(ROOT)} records")
 
 
 # --------------------------------------------------------------------------- tests: descriptors

@@ -1,6 +1,7 @@
-"""Print the README's support table from adapters/*/manifest.json (a unit test keeps them equal).
+"""Print the documentation's support table (docs/support.md) from adapters/*/manifest.json (a unit test
+keeps them equal).
 
-Usage: python tools/support_table.py
+Usage: python tools/support_table.py [--write]
 """
 
 from __future__ import annotations
@@ -34,17 +35,20 @@ def render() -> str:
     return "\n".join(lines)
 
 
-def write_readme(readme: pathlib.Path = pathlib.Path(__file__).resolve().parents[1] / "README.md") -> None:
+PAGE = ROOT / "docs" / "support.md"
+
+
+def write_page(page: pathlib.Path = PAGE) -> None:
     """Replace the table between the markers in place."""
-    text = readme.read_text()
+    text = page.read_text()
     start, end = text.index(BEGIN), text.index(END) + len(END)
-    readme.write_text(text[:start] + render() + text[end:])
+    page.write_text(text[:start] + render() + text[end:])
 
 
 if __name__ == "__main__":
     import sys
 
     if "--write" in sys.argv:
-        write_readme()
+        write_page()
     else:
         print(render())

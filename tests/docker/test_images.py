@@ -1,4 +1,4 @@
-"""The engine images (``docker/``), built and run with the README's lines (``nox -s docker``).
+"""The engine images (``docker/``), built and run with the documentation's lines (docs/running.md) (``nox -s docker``).
 
 No registry is reachable here, so every build starts from a local Debian base made from the
 Debian archive (``tools/docker_local_base.sh``). The CPU vLLM image, brought up by the aggregated
@@ -144,9 +144,9 @@ def distributions(image: str) -> set[str]:
 
 
 def test_readme_shows_the_lines_ci_runs():
-    readme = (ROOT / "README.md").read_text()
-    missing = [line for line in README_LINES if line not in readme]
-    assert not missing, f"README's Docker section lacks: {missing}"
+    page = (ROOT / "docs" / "running.md").read_text()
+    missing = [line for line in README_LINES if line not in page]
+    assert not missing, f"docs/running.md's Docker section lacks: {missing}"
 
 
 @pytest.fixture(scope="session")

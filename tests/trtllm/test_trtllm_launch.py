@@ -147,3 +147,27 @@ def test_a_server_flag_out_of_its_bounds_is_refused_as_the_command_line_is_read(
     assert stderr_lines(err)[-1] == (f"python -m openengine_adapters.trtllm: error: argument {flag}: {rule} "
                                      f"(got '{value}')"), err
     assert seconds < 10, seconds
+
+
+@pytest.mark.parametrize("args, code, last", [
+    (["--max-in-flight", "0"], 2, "python -m openengine_adapters.trtllm: error: argument --max-in-flight: input "
+                                  "should be greater than 0 (got '0')"),
+    (["--no-such-flag"], 2, "python -m openengine_adapters.trtllm: error: unrecognized arguments: --no-such-flag"),
+    (["/no/such/model"], 1, "error: model /no/such/model: no such file or directory (a local model path must "
+                            "exist; a hub model is named ORG/NAME)"),
+])
+def test_flag_and_model_errors_are_said_before_a_busy_port(args, code, last):
+    """With the port busy too, what is wrong with the command line is what the launcher says."""
+    model = [] if args[0].startswith("/") else [MODEL]
+    with listening("0.0.0.0") as port:
+        rc, out, err, _ = run_quick([*LAUNCHER, *model, *args, "--port", str(port)])
+    assert rc == code and stderr_lines(err)[-1] == last, (rc, err)
+
+
+def test_help_shows_defaults_that_mean_something():
+    code, out, err, _ = run_quick([*LAUNCHER, "--help"])
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "(default: True)" not in text and "(default: False)" not in text and "(default: )" not in text
+    assert "gRPC port (0 picks a free one) (default: 50051)" in text
+    assert "--no-reflection turn server reflection off --lora-root" in text

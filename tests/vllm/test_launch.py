@@ -32,6 +32,7 @@ from openengine_adapters.v1 import generation_pb2 as g
 SESSION_LOOP = pytest.mark.asyncio(loop_scope="session")  # every async test here, as in the rest of the suite
 
 LAUNCHER = [sys.executable, "-m", "openengine_adapters.vllm"]
+LAUNCHER_PROG = "python -m openengine_adapters.vllm"
 BUSY = ("error: cannot serve gRPC on 0.0.0.0:{port}: the address is already in use; stop the other server, "
         "choose another --port, or pass --reuse-port to share the port")
 
@@ -86,9 +87,26 @@ async def test_readme_run_command_serves_the_demo_verbatim(tmp_path):
             assert await call.code() == grpc.StatusCode.OK
         assert await server.wait(120) == 0
         assert "Traceback" not in server.output, server.output
+        assert "nanobind: leaked" not in server.output, server.tail()  # Triton's teardown noise, per process
         assert not server.leftovers(), server.leftovers()
     finally:
         server.kill()
+
+
+@pytest.mark.parametrize("args, code, last", [
+    (["--max-in-flight", "0"], 2, f"{LAUNCHER_PROG}: error: argument --max-in-flight: input should be greater "
+                                  "than 0 (got '0')"),
+    (["--role", "bogus"], 2, f"{LAUNCHER_PROG}: error: argument --role: invalid choice: 'bogus' (choose from "
+                             "'aggregated', 'decode', 'prefill')"),
+    (["--model", "/no/such/model"], 1, "error: --model /no/such/model: no such file or directory (a local model "
+                                       "path must exist; a hub model is named ORG/NAME)"),
+])
+def test_flag_and_model_errors_are_said_before_a_busy_port(args, code, last):
+    """With the port busy too, what is wrong with the command line is what the launcher says, at once."""
+    with listening("0.0.0.0") as port:
+        rc, out, err, seconds = run_quick([*LAUNCHER, *args, "--port", str(port)])
+    assert rc == code and stderr_lines(err)[-1] == last, (rc, err)
+    assert seconds < 10, seconds
 
 
 def test_readme_run_command_on_a_busy_port_fails_in_a_second():
@@ -135,6 +153,8 @@ def test_version_and_help():
     text = " ".join(out.split())
     assert "Without --model this serves a tiny demo Llama" in text and "--kv-cache-memory-bytes 268435456" in text
     assert "--reuse-port" in out and "--no-kv-events" in out and "--help=CacheConfig" in text
+    ours = text.split("Config Groups", 1)[0]  # our groups: defaults only where they mean something
+    assert "(default: True)" not in ours and "(default: )" not in ours and "(default: 50051)" in ours
 
 
 def test_what_cannot_start_is_refused_before_the_engine_starts(model_dir):
@@ -153,8 +173,9 @@ def test_what_cannot_start_is_refused_before_the_engine_starts(model_dir):
     assert "EngineCore" not in out + err
     # what vLLM itself refuses while building its engine: one line naming it, no traceback
     code, out, err, _ = run_quick([*LAUNCHER, "--model", str(model_dir), "--port", "0", "--max-model-len", "100000",
-                                   "--kv-cache-memory-bytes", str(256 << 20)])
+                                   "--kv-cache-memory-bytes", str(256 << 20), "--log-level", "WARNING"])
     assert code == 1 and "Traceback" not in out + err, (out, err)
+    assert not re.search(r"\bINFO \d\d-\d\d ", out + err), (out + err)[-3000:]  # vLLM's INFO lines: none
     last = stderr_lines(err)[-1]
     assert last.startswith("error: the vLLM engine failed to start: ValidationError: ") and \
         "max_model_len (100000)" in last, err

@@ -1,0 +1,82 @@
+"""What every engine process a launcher spawns does first, and how it ends.
+
+vLLM and SGLang start their engine cores, workers and schedulers with multiprocessing's "spawn": a new
+interpreter whose first statement is given by ``multiprocessing.spawn.get_command_line``. ``prepare``
+puts ``PRELUDE`` in front of it, in the launcher and (through the prelude itself) in every process
+below, so that each of them:
+
+- treats CUDA builds of torchvision/torchaudio/torchcodec beside a CPU torch as not installed
+  (``torch_extensions``), before the engine's imports reach them;
+- ends without the interpreter's final teardown once its work and everyone's ``atexit`` clean-up are
+  done: the teardown is where nanobind-built extensions (Triton's) print dozens of
+  ``nanobind: leaked ...`` lines at every exit, about objects the process is about to drop anyway.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+
+PRELUDE = "from openengine_adapters import engine_processes; engine_processes.prepare(child=True); "
+
+
+def _prefix_spawned_processes() -> None:
+    import multiprocessing.spawn as spawn
+
+    original = spawn.get_command_line
+    if getattr(original, "openengine_prelude", False):
+        return
+
+    def get_command_line(**kwds):
+        cmd = list(original(**kwds))
+        if "-c" in cmd[:-1]:
+            i = cmd.index("-c") + 1
+            cmd[i] = PRELUDE + cmd[i]
+        return cmd
+
+    get_command_line.openengine_prelude = True
+    spawn.get_command_line = get_command_line
+
+
+def end_without_teardown(code: int) -> None:
+    """End this process now: everyone's atexit clean-up, flushed output, then exit ``code`` without
+    the interpreter's teardown (the launcher, once it has stopped its engine)."""
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed pipe: nothing left to say
+            pass
+    os._exit(code)
+
+
+def _end_without_teardown() -> None:
+    """A spawned process's ``spawn_main`` ends in ``sys.exit(code)``: run the atexit clean-up then,
+    flush, and leave with the same code, skipping the interpreter's teardown."""
+    import multiprocessing.spawn as spawn
+
+    original = spawn.spawn_main
+    if getattr(original, "openengine_prelude", False):
+        return
+
+    def spawn_main(*args, **kwargs):
+        try:
+            original(*args, **kwargs)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        end_without_teardown(code)
+
+    spawn_main.openengine_prelude = True
+    spawn.spawn_main = spawn_main
+
+
+def prepare(child: bool = False) -> None:
+    """In a launcher (``child`` False) or, through ``PRELUDE``, in each process it spawns."""
+    from openengine_adapters import torch_extensions
+
+    torch_extensions.install()
+    _prefix_spawned_processes()
+    if child:
+        _end_without_teardown()
