@@ -201,6 +201,16 @@ def plugin_server_config(port_env: str, host_env: str, max_in_flight_env: str, *
                         **numbers)
 
 
+def check_plugin_keep_alive(config: ServerConfig, host_keeps_alive: bool, host_rule: str) -> None:
+    """In plugin mode the host server decides whether its process outlives a dead engine (the gRPC
+    server stops with the host's lifespan): ``OPENENGINE_KEEP_ALIVE_ON_ENGINE_DEATH``, when set, must
+    agree with it, or the plugin refuses to start (an option that cannot act is refused, not ignored)."""
+    var = PLUGIN_ENV["keep_alive_on_engine_death"]
+    if os.environ.get(var, "").strip() and config.keep_alive_on_engine_death != host_keeps_alive:
+        raise ValueError(f"{var}={os.environ[var]}: in plugin mode the host server decides whether the process "
+                         f"outlives a dead engine, and {host_rule}")
+
+
 def server_config_from_args(ns: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
         host=ns.host, port=ns.port, advertise_host=ns.advertise_host, instance_id=ns.instance_id,

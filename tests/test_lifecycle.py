@@ -261,3 +261,20 @@ async def test_keep_alive_on_engine_death_serves_on_not_ready_until_stopped():
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+def test_a_plugin_refuses_a_keep_alive_setting_its_host_server_would_not_honour(monkeypatch):
+    """Plugin mode follows the host (vllm serve: VLLM_KEEP_ALIVE_ON_ENGINE_DEATH; sglang serve: never
+    keeps a dead engine's process): our variable, when set, must agree, or the plugin does not start."""
+    from openengine_adapters.server import check_plugin_keep_alive
+
+    monkeypatch.setenv("OE_TEST_PORT", "0")
+    monkeypatch.delenv("OPENENGINE_KEEP_ALIVE_ON_ENGINE_DEATH", raising=False)
+    unset = plugin_server_config("OE_TEST_PORT", "H", "M")
+    check_plugin_keep_alive(unset, False, "the host exits")  # unset: the host decides, nothing to agree
+    check_plugin_keep_alive(unset, True, "the host keeps it")
+    monkeypatch.setenv("OPENENGINE_KEEP_ALIVE_ON_ENGINE_DEATH", "1")
+    keep = plugin_server_config("OE_TEST_PORT", "H", "M")
+    check_plugin_keep_alive(keep, True, "the host keeps it")
+    with pytest.raises(ValueError, match="OPENENGINE_KEEP_ALIVE_ON_ENGINE_DEATH=1: in plugin mode the host"):
+        check_plugin_keep_alive(keep, False, "sglang serve ends its process tree")
