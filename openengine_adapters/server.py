@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import contextlib
 import errno
 import gc
@@ -431,8 +432,8 @@ def freeze_startup_heap() -> None:
 async def run(backend: EngineBackend, config: ServerConfig) -> None:
     """Serve until SIGINT/SIGTERM, then drain and stop; the same signal again aborts the requests
     still running at once (uvicorn's and ``vllm serve``'s second Ctrl-C). The engine is shut down
-    whatever happens, a failed bind included. An engine that dies ends the process (``SystemExit``
-    with ``ENGINE_DIED_EXIT_CODE``, ``exit_on_engine_death``) unless ``keep_alive_on_engine_death``."""
+    whatever happens, a failed bind included. An engine that dies ends the process (exit status
+    ``ENGINE_DIED_EXIT_CODE``, ``exit_on_engine_death``) unless ``keep_alive_on_engine_death``."""
     try:
         server = await OpenEngineServer(backend, config).start()
     except BaseException:
@@ -469,9 +470,10 @@ async def run(backend: EngineBackend, config: ServerConfig) -> None:
 
 async def exit_on_engine_death(server: OpenEngineServer) -> None:
     """The engine died (its streams have ended with their retryable error, Health is NOT_READY):
-    stop serving, stop what is left of the engine's processes, and exit with one line naming the
-    cause and ``ENGINE_DIED_EXIT_CODE``, within ``ENGINE_DEATH_STOP_S``, as ``vllm serve`` exits
-    when its engine dies, so that a supervisor (Docker, systemd, Kubernetes) starts a new one."""
+    stop serving, stop what is left of the engine's processes, and end the process with one line
+    naming the cause and ``ENGINE_DIED_EXIT_CODE``, within ``ENGINE_DEATH_STOP_S`` (plus 5 s to reap
+    the engine's processes), as ``vllm serve`` exits when its engine dies, so that a supervisor
+    (Docker, systemd, Kubernetes) starts a new one."""
     from openengine_adapters.launcher import kill_engine_processes
 
     service = server.service
@@ -482,6 +484,11 @@ async def exit_on_engine_death(server: OpenEngineServer) -> None:
     except Exception:  # TimeoutError included: a dead engine's clean-up must not hold the exit
         log.exception("stopping after the engine's death did not finish within %g s", ENGINE_DEATH_STOP_S)
     await asyncio.to_thread(kill_engine_processes)
+    # the exit handlers run now (the private KV-event directory, the engine's own), then the process
+    # ends without the interpreter's finalization, which after a dead engine prints pages of
+    # native-extension notes (Triton's "nanobind: leaked ...") below the one line that says why
+    atexit._run_exitfuncs()
     print(f"error: the {service.identity.engine_name} engine died: {reason}; exiting with status "
           f"{ENGINE_DIED_EXIT_CODE} (--keep-alive-on-engine-death keeps serving)", file=sys.stderr, flush=True)
-    raise SystemExit(ENGINE_DIED_EXIT_CODE)
+    sys.stdout.flush()
+    os._exit(ENGINE_DIED_EXIT_CODE)
