@@ -1,6 +1,6 @@
 """Real faults on the REAL vLLM sidecar (issue 25, item 4): its processes are frozen and killed under
 open streams and subscriptions, and what every client sees, the health transitions, the exit code and
-time, and the processes left behind are asserted (docs/lifecycle.md).
+time, and the processes left behind are asserted (tests/chaos.py, docs/lifecycle.md).
 
 A killed engine cannot be shared, so each engine start carries several faults: the first freezes
 (SIGSTOP) and thaws (SIGCONT) the engine core, then kills it; the second runs vLLM's workers in their
@@ -10,32 +10,34 @@ own process (``--distributed-executor-backend mp``) and kills the worker. Two en
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import sys
 import time
 
 import grpc
-import psutil
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from chaos import (
+    NOT_SERVING,
+    PROGRESS_TIMEOUT_S,
+    SERVING,
+    death_is_seen_by_every_client_then_the_process_exits,
+    engine_process,
+    health,
+    long_generate,
+    one_retryable_error,
+    ready,
+    rest,
+)
 from helpers import eventually, gen_request, rejection
 from launch_helpers import Launched, with_root
 
-from openengine_adapters.server import ENGINE_DEATH_STOP_S, ENGINE_DIED_EXIT_CODE
 from openengine_adapters.types import ErrorCode
 from openengine_adapters.v1 import generation_pb2 as g
-from openengine_adapters.v1 import kv_pb2, lifecycle_pb2, observability_pb2, openengine_pb2_grpc
+from openengine_adapters.v1 import lifecycle_pb2, openengine_pb2_grpc
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-
-PROGRESS_TIMEOUT_S = 3
-SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
-# from the engine's death to the launcher's exit: found within a watchdog interval (vLLM's own monitor
-# sees the process end at once), the server stopped within ENGINE_DEATH_STOP_S, then 5 s at most to
-# reap what is left of the engine's processes
-EXIT_BOUND_S = 1 + ENGINE_DEATH_STOP_S + 5
+CORE_DIED = "the vLLM engine core died"  # VllmBackend.dead()
 
 
 def flags(model_dir, *extra: str) -> list[str]:
@@ -44,84 +46,6 @@ def flags(model_dir, *extra: str) -> list[str]:
             "--dtype", "float32", "--seed", "0", "--progress-timeout-s", str(PROGRESS_TIMEOUT_S),
             "--drain-grace-s", "2", *extra]
 
-
-def long_generate(stub, rid: str):
-    return stub.Generate(gen_request("hello " * 8, request_id=rid, model="tiny",
-                                     stopping=g.StoppingOptions(max_tokens=400, ignore_eos=True)))
-
-
-async def rest(call, timeout: float = 60) -> list:
-    out = []
-    while (r := await asyncio.wait_for(call.read(), timeout)) is not grpc.aio.EOF:
-        out.append(r)
-    return out
-
-
-def one_retryable_error(events: list) -> object:
-    """Exactly one terminal error, the last event, retryable at once."""
-    errors = [e.error for e in events if e.HasField("error")]
-    assert len(errors) == 1 and events[-1].HasField("error"), events[-3:]
-    assert (errors[0].code, errors[0].retryable, errors[0].retry_after_ms) == (ErrorCode.INTERNAL, True, 0), errors
-    return errors[0]
-
-
-async def health(channel) -> tuple[int, int]:
-    mine = await openengine_pb2_grpc.OpenEngineStub(channel).Health(lifecycle_pb2.HealthRequest(), timeout=10)
-    std = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
-    return mine.state, std.status
-
-
-def engine_process(server: Launched, marker: str) -> psutil.Process:
-    """The sidecar's child whose name or command line holds ``marker`` (vLLM titles its processes
-    ``VLLM::EngineCore``, ``VLLM::Worker...``)."""
-    server.record_children()
-    found = []
-    for p in server.children:
-        with contextlib.suppress(psutil.Error):
-            if marker in p.name() or marker in " ".join(p.cmdline()):
-                found.append(p)
-    assert len(found) == 1, [(p.pid, p.name()) for p in server.children]
-    return found[0]
-
-
-async def watch_health(channel, seen: list) -> None:
-    with contextlib.suppress(grpc.aio.AioRpcError):
-        async for resp in health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest()):
-            seen.append(resp.status)
-
-
-async def death_is_seen_by_every_client_then_the_process_exits(server: Launched, stub, channel, kill) -> float:
-    """Open Generates, a KV and a runtime-event subscription and a grpc.health Watch; ``kill()``; each
-    ends with exactly one retryable error (no hang), health goes NOT_SERVING, the launcher exits with
-    ENGINE_DIED_EXIT_CODE within EXIT_BOUND_S with one line naming the cause, nothing is left behind.
-    Returns the seconds from the kill to the exit."""
-    seen: list = []
-    watcher = asyncio.ensure_future(watch_health(channel, seen))
-    await eventually(lambda: seen == [SERVING])
-    calls = [long_generate(stub, f"dies-{i}") for i in range(3)]
-    for call in calls:
-        await asyncio.wait_for(call.read(), 60)
-    kv = stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest())
-    runtime = stub.SubscribeRuntimeEvents(observability_pb2.SubscribeRuntimeEventsRequest())
-    await asyncio.wait_for(runtime.read(), 30)  # FORWARD_PASS events flow while the Generates run
-    killed_at = time.monotonic()
-    kill()
-    for call in calls:
-        err = one_retryable_error(await rest(call, 30))
-        assert "died" in err.message, err
-    for sub in (kv, runtime):
-        one_retryable_error(await rest(sub, 30))
-    code = await server.wait(EXIT_BOUND_S + 10)
-    elapsed = time.monotonic() - killed_at
-    await asyncio.wait_for(watcher, 10)
-    assert code == ENGINE_DIED_EXIT_CODE, server.tail()
-    assert elapsed < EXIT_BOUND_S, f"exited {elapsed:.1f} s after the kill"
-    assert seen[0] == SERVING and NOT_SERVING in seen, seen
-    last = server.last_line_but_exit_notes()
-    assert last.startswith("error: the vllm engine died: the vLLM engine core died"), server.tail()
-    assert f"exiting with status {ENGINE_DIED_EXIT_CODE}" in last
-    assert not server.leftovers(), server.leftovers()
-    return elapsed
 
 
 async def test_a_frozen_engine_core_is_out_of_rotation_until_it_thaws_and_a_killed_one_ends_the_process(model_dir):
@@ -152,21 +76,17 @@ async def test_a_frozen_engine_core_is_out_of_rotation_until_it_thaws_and_a_kill
             assert (err.code, err.retryable, err.retry_after_ms) == (ErrorCode.INTERNAL, True, 0)
             # SIGCONT: the watchdog's probe inference finishes, READY again, and work is served
             os.kill(core.pid, signal.SIGCONT)
-            waited = await eventually(lambda: _ready(channel), timeout=60, interval=0.2)
+            waited = await eventually(lambda: ready(channel), timeout=60, interval=0.2)
             print(f"READY {waited:.1f} s after SIGCONT")
             events = await rest(stub.Generate(gen_request("after", request_id="thawed", model="tiny",
                                                           stopping=g.StoppingOptions(max_tokens=4))))
             assert events[-1].HasField("finished"), events[-1]
             # SIGKILL of the engine core: every client sees one retryable error, then the process exits
             elapsed = await death_is_seen_by_every_client_then_the_process_exits(
-                server, stub, channel, lambda: os.kill(core.pid, signal.SIGKILL))
+                server, stub, channel, lambda: os.kill(core.pid, signal.SIGKILL), "vllm", CORE_DIED)
             print(f"engine core SIGKILL: the sidecar exited {elapsed:.1f} s later")
     finally:
         server.kill()
-
-
-async def _ready(channel) -> bool:
-    return await health(channel) == (lifecycle_pb2.HEALTH_STATE_READY, SERVING)
 
 
 async def test_a_killed_worker_process_ends_the_process(model_dir):
@@ -179,7 +99,42 @@ async def test_a_killed_worker_process_ends_the_process(model_dir):
         async with grpc.aio.insecure_channel(target) as channel:
             stub = openengine_pb2_grpc.OpenEngineStub(channel)
             elapsed = await death_is_seen_by_every_client_then_the_process_exits(
-                server, stub, channel, lambda: os.kill(worker.pid, signal.SIGKILL))
+                server, stub, channel, lambda: os.kill(worker.pid, signal.SIGKILL), "vllm", CORE_DIED)
             print(f"worker SIGKILL: the sidecar exited {elapsed:.1f} s later")
+    finally:
+        server.kill()
+
+
+async def test_the_plugin_follows_vllm_serve_when_the_engine_core_is_killed(model_dir):
+    """Plugin mode: ``vllm serve`` owns the process. Its gRPC clients get the sidecar's one retryable
+    error and NOT_SERVING at once; vLLM's own watchdog (every 5 s, ``terminate_if_errored``) then stops
+    the server, the plugin's gRPC server with it, and ``vllm serve`` ends normally: status 0, which is
+    vLLM's behaviour (docs/lifecycle.md: restart it whatever the status)."""
+    from helpers import free_port
+
+    http_port, grpc_port = free_port(), free_port()
+    env = with_root({"VLLM_PLUGINS": "openengine", "OPENENGINE_GRPC_PORT": str(grpc_port),
+                     "OPENENGINE_GRPC_HOST": "127.0.0.1", "OPENENGINE_PROGRESS_TIMEOUT_S": str(PROGRESS_TIMEOUT_S)})
+    server = Launched([sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", str(model_dir),
+                       "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(http_port),
+                       "--enforce-eager", "--max-model-len", "512", "--dtype", "float32"], env)
+    try:
+        await server.wait_for(r"OpenEngine gRPC server .* ready on", 600)
+        server.record_children()
+        core = engine_process(server, "EngineCore")
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            stub = openengine_pb2_grpc.OpenEngineStub(channel)
+            await eventually(lambda: ready(channel), timeout=60, interval=0.2)
+            call = long_generate(stub, "plugin-dies")
+            await asyncio.wait_for(call.read(), 60)
+            killed_at = time.monotonic()
+            os.kill(core.pid, signal.SIGKILL)
+            one_retryable_error(await rest(call, 30))
+            assert (await health(channel))[1] == NOT_SERVING
+            code = await server.wait(60)
+        elapsed = time.monotonic() - killed_at
+        print(f"vllm serve with the plugin: engine core SIGKILL -> exit status {code} after {elapsed:.1f} s")
+        assert code == 0 and elapsed < 5 + 20, (code, elapsed, server.tail())
+        assert not server.leftovers(), server.leftovers()
     finally:
         server.kill()
