@@ -40,6 +40,19 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 CORE_DIED = "the vLLM engine core died"  # VllmBackend.dead()
 
 
+async def test_a_dead_engine_core_is_a_retryable_failure():
+    """A request that died with its engine did not complete: retry it elsewhere at once, whether vLLM's
+    output handler (EngineDeadError) or the watchdog sees the death first (issue 25)."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    from openengine_adapters.vllm.errors import engine_failure
+
+    failure = engine_failure(EngineDeadError())
+    assert (failure.code, failure.retryable, failure.retry_after_ms) == (ErrorCode.INTERNAL, True, 0)
+    assert "engine died" in failure.message
+    assert not engine_failure(RuntimeError("boom")).retryable
+
+
 def flags(model_dir, *extra: str) -> list[str]:
     return [sys.executable, "-m", "openengine_adapters.vllm", "--host", "127.0.0.1", "--port", "0",
             "--model", str(model_dir), "--served-model-name", "tiny", "--max-model-len", "512", "--enforce-eager",

@@ -8,7 +8,7 @@ import pytest
 
 from openengine_adapters import backend as be
 from openengine_adapters.errors import EngineFailure
-from openengine_adapters.types import CandidateMode, ErrorCode, FinishReason, Modality
+from openengine_adapters.types import CandidateMode, FinishReason, Modality
 from openengine_adapters.vllm import translate as t
 
 
@@ -134,15 +134,3 @@ def test_unknown_finish_reason_is_an_engine_failure():
     with pytest.raises(EngineFailure):
         tr.chunk(Out([Comp(0, [1], "x", None, "error")], [1]))
 
-
-def test_a_dead_engine_core_is_a_retryable_failure():
-    """A request that died with its engine did not complete: retry it elsewhere at once (issue 25)."""
-    from vllm.v1.engine.exceptions import EngineDeadError
-
-    from openengine_adapters.vllm.errors import engine_failure
-
-    failure = engine_failure(EngineDeadError())
-    assert (failure.code, failure.retryable, failure.retry_after_ms) == (ErrorCode.INTERNAL, True, 0)
-    assert "engine died" in failure.message
-    other = engine_failure(RuntimeError("boom"))
-    assert not other.retryable
