@@ -4,6 +4,8 @@
 #                        python3 -m openengine_adapters.$OPENENGINE_ENGINE "$@"
 #   OPENENGINE_MODE=plugin   the engine's own server with the OpenEngine plugin inside it, gRPC on
 #                        $OPENENGINE_GRPC_PORT (default 50051): `vllm serve` / `sglang serve` "$@"
+# exec: the server's exit status is the container's (sidecar: 0 stopped, 1 failed to start, 2 bad flag,
+# 3 the engine died; docs/lifecycle.md), so a restart policy restarts a container whose engine died.
 set -eu
 engine=${OPENENGINE_ENGINE:?OPENENGINE_ENGINE names the engine package}
 case ${OPENENGINE_MODE:-sidecar} in

@@ -1,42 +1,69 @@
 """What every engine process a launcher spawns does first, and how it ends.
 
 vLLM and SGLang start their engine cores, workers and schedulers with multiprocessing's "spawn": a new
-interpreter whose first statement is given by ``multiprocessing.spawn.get_command_line``. ``prepare``
-puts ``PRELUDE`` in front of it, in the launcher and (through the prelude itself) in every process
-below, so that each of them:
+interpreter whose first statement is given by ``multiprocessing.spawn.get_command_line``. That one
+function is wrapped here, once, to put the statements of ``add_spawn_prelude`` in front of it:
 
-- treats CUDA builds of torchvision/torchaudio/torchcodec beside a CPU torch as not installed
-  (``torch_extensions``), before the engine's imports reach them;
-- ends without the interpreter's final teardown once its work and everyone's ``atexit`` clean-up are
-  done: the teardown is where nanobind-built extensions (Triton's) print dozens of
-  ``nanobind: leaked ...`` lines at every exit, about objects the process is about to drop anyway.
+- ``prepare`` (the launcher, and through ``PRELUDE`` every process below it) treats CUDA builds of
+  torchvision/torchaudio/torchcodec beside a CPU torch as not installed (``torch_extensions``) before
+  the engine's imports reach them, and ends each spawned process without the interpreter's final
+  teardown once its work and everyone's ``atexit`` clean-up are done: the teardown is where
+  nanobind-built extensions (Triton's) print dozens of ``nanobind: leaked ...`` lines at every exit;
+- the launcher starts them in their own process group (``launcher.detach_engine_processes``);
+- ``kill_engine_processes`` ends what is left of them when the launcher stops or its engine died.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 
 PRELUDE = "from openengine_adapters import engine_processes; engine_processes.prepare(child=True); "
+_preludes: list[str] = []  # the statements every spawned process runs first, in order
 
 
-def _prefix_spawned_processes() -> None:
+def add_spawn_prelude(statement: str) -> None:
+    """Run ``statement`` (ending in ``; ``) first in every process spawned from this one (idempotent)."""
     import multiprocessing.spawn as spawn
 
-    original = spawn.get_command_line
-    if getattr(original, "openengine_prelude", False):
+    if statement not in _preludes:
+        _preludes.append(statement)
+    if getattr(spawn.get_command_line, "openengine_prelude", False):
         return
+    original = spawn.get_command_line
 
     def get_command_line(**kwds):
         cmd = list(original(**kwds))
         if "-c" in cmd[:-1]:
             i = cmd.index("-c") + 1
-            cmd[i] = PRELUDE + cmd[i]
+            cmd[i] = "".join(_preludes) + cmd[i]
         return cmd
 
     get_command_line.openengine_prelude = True
     spawn.get_command_line = get_command_line
+
+
+def kill_engine_processes(wait: bool = True) -> None:
+    """SIGKILL every process this one started (the engine's), except multiprocessing's resource
+    tracker, which then frees their shared memory."""
+    try:
+        import psutil  # a dependency of vLLM, SGLang and TensorRT-LLM
+    except ImportError:
+        return
+    me = psutil.Process()
+    victims = []
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "resource_tracker" in " ".join(child.cmdline()):
+                continue
+            victims.append(child)
+    for child in victims:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    if wait:
+        psutil.wait_procs(victims, timeout=5)
 
 
 def end_without_teardown(code: int) -> None:
@@ -77,6 +104,6 @@ def prepare(child: bool = False) -> None:
     from openengine_adapters import torch_extensions
 
     torch_extensions.install()
-    _prefix_spawned_processes()
+    add_spawn_prelude(PRELUDE)
     if child:
         _end_without_teardown()

@@ -25,7 +25,7 @@ import signal
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 
-from openengine_adapters import schema
+from openengine_adapters import engine_processes, schema
 
 log = logging.getLogger("openengine_adapters.launcher")
 
@@ -212,21 +212,7 @@ def detach_engine_processes() -> None:
     thing they do: a terminal's Ctrl-C (sent to the whole foreground group) then reaches the launcher
     alone, which drains and stops its engine, as uvicorn and ``vllm serve`` do for their workers,
     instead of the engine aborting everything under it (and printing a traceback per process)."""
-    import multiprocessing.spawn as spawn
-
-    original = spawn.get_command_line
-    if getattr(original, "openengine_detached", False):
-        return
-
-    def get_command_line(**kwds):
-        cmd = list(original(**kwds))
-        if "-c" in cmd[:-1]:
-            i = cmd.index("-c") + 1
-            cmd[i] = "import os; os.setpgid(0, 0); " + cmd[i]
-        return cmd
-
-    get_command_line.openengine_detached = True
-    spawn.get_command_line = get_command_line
+    engine_processes.add_spawn_prelude("import os; os.setpgid(0, 0); ")
 
 
 class StartupInterrupted(BaseException):
@@ -239,29 +225,8 @@ class StartupInterrupted(BaseException):
 
 
 def _interrupt_startup(signum, frame) -> None:
-    kill_engine_processes(wait=False)  # first, so that the engine's own clean-up finds them gone
+    engine_processes.kill_engine_processes(wait=False)  # first, so that the engine's own clean-up finds them gone
     raise StartupInterrupted(signum)
-
-
-def kill_engine_processes(wait: bool = True) -> None:
-    """SIGKILL every process this launcher started (the engine's, at start-up: nothing was served
-    yet), except multiprocessing's resource tracker, which then frees their shared memory."""
-    try:
-        import psutil  # a dependency of vLLM, SGLang and TensorRT-LLM
-    except ImportError:
-        return
-    me = psutil.Process()
-    victims = []
-    for child in me.children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            if "resource_tracker" in " ".join(child.cmdline()):
-                continue
-            victims.append(child)
-    for child in victims:
-        with contextlib.suppress(psutil.Error):
-            child.kill()
-    if wait:
-        psutil.wait_procs(victims, timeout=5)
 
 
 @contextlib.contextmanager
@@ -275,12 +240,12 @@ def startup(engine: str) -> Iterator[None]:
         yield
     except (StartupInterrupted, KeyboardInterrupt) as exc:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the clean-up
-        kill_engine_processes()
+        engine_processes.kill_engine_processes()
         name = signal.Signals(exc.signum).name if isinstance(exc, StartupInterrupted) else "SIGINT"
         print(f"{name} during start-up: stopped the {engine} engine before it served", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
     except StartupFailed as exc:
-        kill_engine_processes()
+        engine_processes.kill_engine_processes()
         print(f"error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     finally:
@@ -322,7 +287,71 @@ def _free_run(count: int, taken: set[int]) -> int:
 
 def loopback_endpoints(ranks: int = 1) -> tuple[str, str]:
     """(publisher endpoint, replay endpoint) on 127.0.0.1, free for ``ranks`` DP ranks: reachable from
-    this host only, so they are used by this server's KV-event bridge and not advertised."""
+    this host only, so they are used by this server's KV-event bridge and not advertised. Free when
+    chosen, not when the engine binds them: ``start_retrying_port_races`` covers the gap."""
     taken: set[int] = set()
     pub, replay = _free_run(ranks, taken), _free_run(ranks, taken)
     return f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}"
+
+
+_IPC_PATH_MAX = 100  # sockaddr_un holds 108 bytes
+
+
+def private_endpoints(ranks: int = 1) -> tuple[str, str]:
+    """(publisher endpoint, replay endpoint) for the engine's KV-event publisher that only this user
+    reaches and nobody can take first: ``ipc://`` sockets in a fresh 0700 directory (removed at exit),
+    which vLLM's and SGLang's ``ZmqEventPublisher`` bind (``_is_bind_endpoint``). Both refuse ipc for
+    data-parallel ranks above 0 (``offset_endpoint_port``: "must contain 'inproc' or 'tcp'"), so more
+    ranks get ``loopback_endpoints``."""
+    if ranks == 1:
+        import atexit
+        import shutil
+        import tempfile
+
+        directory = tempfile.mkdtemp(prefix="openengine-kv-")  # mode 0700
+        pub, replay = f"ipc://{directory}/events", f"ipc://{directory}/replay"
+        if len(replay) <= _IPC_PATH_MAX:
+            atexit.register(shutil.rmtree, directory, True)
+            return pub, replay
+        os.rmdir(directory)
+    return loopback_endpoints(ranks)
+
+
+def taken_ports(endpoints: Iterable[str | None], ranks: int = 1) -> list[int]:
+    """The loopback ports of ``endpoints`` (and of their DP ranks' offsets) that another process
+    holds now: after an engine failed to start, a race for a chosen port that it lost."""
+    import errno
+    import socket
+
+    from openengine_adapters.kv_events.sources import split_tcp
+
+    taken = []
+    for endpoint in endpoints:
+        parts = split_tcp(endpoint or "")
+        if parts is None:
+            continue
+        for port in range(parts[1], parts[1] + ranks):
+            with socket.socket() as s:
+                try:
+                    s.bind((parts[0], port))
+                except OSError as exc:
+                    if exc.errno == errno.EADDRINUSE:
+                        taken.append(port)
+    return taken
+
+
+async def start_retrying_port_races(start, endpoints, choose_again, ranks: int = 1, attempts: int = 3):
+    """``await start()``; when it fails and a loopback port of ``endpoints()`` (which this launcher
+    chose for the engine) is now held by another process, the engine lost the race for it between our
+    choice and its bind: ``choose_again()`` and start again, up to ``attempts`` times in all."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return await start()
+        except Exception:
+            taken = taken_ports(endpoints(), ranks)
+            if not taken or attempt == attempts:
+                raise
+            log.warning("another process took loopback port(s) %s that this launcher chose for the engine "
+                        "before the engine bound them: choosing others and starting again (attempt %d of %d)",
+                        ", ".join(map(str, taken)), attempt + 1, attempts)
+            choose_again()

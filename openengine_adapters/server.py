@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import contextlib
 import errno
 import gc
@@ -15,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 from typing import Annotated, Literal
 
 import grpc
@@ -22,6 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
+from openengine_adapters import engine_processes
 from openengine_adapters.backend import EngineBackend
 from openengine_adapters.core.service import EngineService, ServiceOptions
 from openengine_adapters.metrics import ServerMetrics, metrics_available, serve_metrics
@@ -42,6 +45,8 @@ log = logging.getLogger(__name__)
 
 ADVERTISE_HOST_ENV = "OPENENGINE_ADVERTISE_HOST"
 SURFACES_ENV = "OPENENGINE_SURFACES"  # the plugins' --surfaces
+ENGINE_DIED_EXIT_CODE = 3  # a launcher whose engine died while serving (docs/lifecycle.md)
+ENGINE_DEATH_STOP_S = 10.0  # at most this long from the death found to the exit (docs/lifecycle.md)
 
 
 def parse_surfaces(value: str | None) -> tuple[str, ...]:
@@ -82,6 +87,7 @@ class ServerConfig(BaseModel):
     max_connection_age_s: float = Field(0.0, ge=0)  # off: it would end long streams and subscriptions
     stall_timeout_s: float = Field(30.0, ge=0)  # end a stream whose client takes no message this long
     progress_timeout_s: float = Field(120.0, ge=0)  # work pending, no engine progress this long: hung
+    keep_alive_on_engine_death: bool = False  # a dead engine: serve NOT_READY on instead of exiting (run)
     metrics: bool = False  # our Prometheus metrics in the default registry (the engine's /metrics in plugin mode)
     metrics_port: int | None = Field(None, ge=0, le=65535)  # a sidecar serves that registry here
     security: SecurityConfig = SecurityConfig()  # TLS, keys, operator policy, reflection, LoRA root
@@ -170,6 +176,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     numeric("--progress-timeout-s",
             "work pending and no engine progress for this long: Health NOT_READY and every open stream ends "
             "with a retryable error; 0 = never")
+    group.add_argument("--keep-alive-on-engine-death", action="store_true",
+                       help="when the engine dies, keep serving (Health NOT_READY, new work refused) instead of "
+                            f"stopping and exiting with status {ENGINE_DIED_EXIT_CODE} (docs/lifecycle.md)")
     group.add_argument("--surfaces", default="both",
                        help="contract surfaces to serve on the port: revision-1 (openengine.v1.OpenEngine), "
                             "v0.1.0 (openengine.v1.Inference + Control), or both (default)")
@@ -190,8 +199,10 @@ NUMERIC_SETTINGS = (
     "max_subscriptions", "drain_grace_s", "retry_after_ms", "keepalive_time_s", "keepalive_timeout_s",
     "keepalive_min_client_interval_s", "max_connection_idle_s", "max_connection_age_s", "stall_timeout_s",
     "progress_timeout_s", "coalesce_max_delay_ms", "coalesce_message_budget", "finished_id_memory")
+# the switches a flag and a plugin variable set alike (a variable takes 1/0, true/false, yes/no, on/off)
+SWITCH_SETTINGS = ("keep_alive_on_engine_death",)
 # the plugins' variables of those flags (``--max-subscriptions`` -> OPENENGINE_MAX_SUBSCRIPTIONS)
-PLUGIN_ENV = {name: "OPENENGINE_" + name.upper() for name in NUMERIC_SETTINGS}
+PLUGIN_ENV = {name: "OPENENGINE_" + name.upper() for name in NUMERIC_SETTINGS + SWITCH_SETTINGS}
 
 
 def plugin_server_config(port_env: str, host_env: str, max_in_flight_env: str, *, engine_api_keys=(),
@@ -209,6 +220,16 @@ def plugin_server_config(port_env: str, host_env: str, max_in_flight_env: str, *
                         ignored_options=os.environ.get(IGNORED_OPTIONS_ENV, "").strip() or REFUSE, **numbers)
 
 
+def check_plugin_keep_alive(config: ServerConfig, host_keeps_alive: bool, host_rule: str) -> None:
+    """In plugin mode the host server decides whether its process outlives a dead engine (the gRPC
+    server stops with the host's lifespan): ``OPENENGINE_KEEP_ALIVE_ON_ENGINE_DEATH``, when set, must
+    agree with it, or the plugin refuses to start (an option that cannot act is refused, not ignored)."""
+    var = PLUGIN_ENV["keep_alive_on_engine_death"]
+    if os.environ.get(var, "").strip() and config.keep_alive_on_engine_death != host_keeps_alive:
+        raise ValueError(f"{var}={os.environ[var]}: in plugin mode the host server decides whether the process "
+                         f"outlives a dead engine, and {host_rule}")
+
+
 def server_config_from_args(ns: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
         host=ns.host, port=ns.port, advertise_host=ns.advertise_host, instance_id=ns.instance_id,
@@ -217,7 +238,7 @@ def server_config_from_args(ns: argparse.Namespace) -> ServerConfig:
         security=security_from_args(ns), metrics=ns.metrics_port is not None, metrics_port=ns.metrics_port,
         reuse_port=getattr(ns, "reuse_port", False), otlp_traces_endpoint=getattr(ns, "otlp_traces_endpoint", None),
         ignored_options=getattr(ns, "ignored_options", REFUSE),
-        **{name: getattr(ns, name) for name in NUMERIC_SETTINGS},
+        **{name: getattr(ns, name) for name in NUMERIC_SETTINGS + SWITCH_SETTINGS},
     )
 
 
@@ -438,7 +459,8 @@ def freeze_startup_heap() -> None:
 async def run(backend: EngineBackend, config: ServerConfig) -> None:
     """Serve until SIGINT/SIGTERM, then drain and stop; the same signal again aborts the requests
     still running at once (uvicorn's and ``vllm serve``'s second Ctrl-C). The engine is shut down
-    whatever happens, a failed bind included."""
+    whatever happens, a failed bind included. An engine that dies ends the process (exit status
+    ``ENGINE_DIED_EXIT_CODE``, ``exit_on_engine_death``) unless ``keep_alive_on_engine_death``."""
     try:
         server = await OpenEngineServer(backend, config).start()
     except BaseException:
@@ -461,5 +483,37 @@ async def run(backend: EngineBackend, config: ServerConfig) -> None:
     loop.add_signal_handler(signal.SIGHUP, server.security.reload)  # re-read the TLS certificate
     freeze_startup_heap()
     print(server.ready_line(), flush=True)
-    await stop.wait()
-    await server.stop(force=force)
+    waits = {asyncio.ensure_future(stop.wait())}
+    if not config.keep_alive_on_engine_death:
+        waits.add(asyncio.ensure_future(server.service.engine_died.wait()))
+    done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    if stop.is_set():
+        await server.stop(force=force)
+    else:
+        await exit_on_engine_death(server)
+
+
+async def exit_on_engine_death(server: OpenEngineServer) -> None:
+    """The engine died (its streams have ended with their retryable error, Health is NOT_READY):
+    stop serving, stop what is left of the engine's processes, and end the process with one line
+    naming the cause and ``ENGINE_DIED_EXIT_CODE``, within ``ENGINE_DEATH_STOP_S`` (plus 5 s to reap
+    the engine's processes), as ``vllm serve`` exits when its engine dies, so that a supervisor
+    (Docker, systemd, Kubernetes) starts a new one."""
+    service = server.service
+    reason = service.watchdog.dead_reason or "the engine died"
+    log.error("the engine died (%s): stopping the server", reason)
+    try:
+        await asyncio.wait_for(server.stop(grace_s=0), ENGINE_DEATH_STOP_S)
+    except Exception:  # TimeoutError included: a dead engine's clean-up must not hold the exit
+        log.exception("stopping after the engine's death did not finish within %g s", ENGINE_DEATH_STOP_S)
+    await asyncio.to_thread(engine_processes.kill_engine_processes)
+    # the exit handlers run now (the private KV-event directory, the engine's own), then the process
+    # ends without the interpreter's finalization, which after a dead engine prints pages of
+    # native-extension notes (Triton's "nanobind: leaked ...") below the one line that says why
+    atexit._run_exitfuncs()
+    print(f"error: the {service.identity.engine_name} engine died: {reason}; exiting with status "
+          f"{ENGINE_DIED_EXIT_CODE} (--keep-alive-on-engine-death keeps serving)", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(ENGINE_DIED_EXIT_CODE)

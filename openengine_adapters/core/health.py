@@ -61,7 +61,8 @@ class HealthReporter:
         elif wd is not None and wd.hung:
             checks.append(HealthCheckResult(
                 "progress", HealthState.NOT_READY,
-                f"work pending and no engine progress for over {wd.progress_timeout_s:g} s"))
+                f"hung: work was pending and the engine made no progress for over {wd.progress_timeout_s:g} s; "
+                "NOT_READY until it makes progress (a probe inference is running)"))
         if expected_role not in (EngineRole.UNSPECIFIED, self.role):
             checks.append(HealthCheckResult(
                 "role", HealthState.NOT_READY,
@@ -86,6 +87,8 @@ class HealthReporter:
         except Exception as exc:
             return HealthCheckResult("inference_probe", HealthState.NOT_READY, f"probe failed: {exc}")
         ms = (time.monotonic() - start) * 1000
+        if self.watchdog is not None:
+            self.watchdog.progress += 1  # a finished inference is progress: a hung engine has recovered
         return HealthCheckResult("inference_probe", HealthState.READY,
                                  f"{self.role.name.lower()} probe of {model!r} ok in {ms:.1f} ms")
 

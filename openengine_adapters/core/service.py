@@ -174,10 +174,12 @@ class EngineService:
         self.watchdog = Watchdog(options.stall_timeout_s, options.progress_timeout_s,
                                  pending_work=lambda: len(self.registry), dead=self._engine_dead,
                                  on_engine_failure=self._end_all_streams,
-                                 on_state_change=lambda: self._background(self.health.refresh()))
+                                 on_state_change=self._engine_state_changed,
+                                 probe=self._probe_engine, probe_timeout_s=options.probe_timeout_s)
         self.health.watchdog = self.watchdog
         self.leniency = Leniency(options.ignored_options)  # what the v0.1.0 reading accepts, counted
         self.grpc_port: int | None = None  # the server's bound port, once it has one (native KV-event source)
+        self.engine_died = asyncio.Event()  # set once the watchdog finds the engine dead (server.run exits)
         conn = backend.kv_connector()
         self._engine = EngineContext(
             role=self.identity.role,
@@ -218,10 +220,23 @@ class EngineService:
         self.watchdog.start()
 
     def _check_accepting(self) -> None:
-        """New work is refused while draining, and while the engine is dead (retryable elsewhere)."""
+        """New work is refused while draining, and while the engine is dead or hung (retryable
+        elsewhere): a hung engine takes work again once a probe inference proves it makes progress."""
         self.lifecycle.check_accepting()
         if self.watchdog.dead_reason:
             raise rejected(ErrorCode.INTERNAL, f"the engine died: {self.watchdog.dead_reason}", retry_after_ms=0)
+        if self.watchdog.hung:
+            raise rejected(ErrorCode.INTERNAL, "the engine is hung (no progress with work pending); it takes work "
+                           "again once a probe inference finishes", retry_after_ms=0)
+
+    def _engine_state_changed(self) -> None:
+        if self.watchdog.dead_reason:
+            self.engine_died.set()
+        self._background(self.health.refresh())
+
+    async def _probe_engine(self) -> None:
+        """The watchdog's probe of a hung engine: the Health probe of the first model, this role."""
+        await self.backend.probe(self.catalog.cards[0].names[0], self.identity.role)
 
     def _engine_dead(self) -> str | None:
         try:

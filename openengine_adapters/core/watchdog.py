@@ -12,8 +12,11 @@ itself, since the stream's generator is suspended in ``yield`` and may never res
   engine request is aborted, the admission slot (or subscription slot) freed, the RPC cancelled.
 - **Hang:** work pending and no engine progress (no chunk for any request, no task finished) for
   ``progress_timeout_s``: Health turns NOT_READY, and every open stream ends with one terminal
-  retryable EngineError; Health comes back when progress resumes.
-- **Death:** ``EngineBackend.dead()`` names a reason: the same, at once.
+  retryable EngineError. The hang is sticky: an idle server is not a recovered engine, so Health
+  stays NOT_READY until the engine makes progress again, real output or a probe inference that the
+  watchdog keeps running while the engine is hung (docs/lifecycle.md has the state machine).
+- **Death:** ``EngineBackend.dead()`` names a reason: the same, at once, for good (the launcher then
+  stops the server and exits, ``server.run``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from openengine_adapters.errors import EngineFailure
 from openengine_adapters.types import ErrorCode
@@ -63,7 +66,8 @@ class Watchdog:
     def __init__(self, stall_timeout_s: float, progress_timeout_s: float,
                  pending_work: Callable[[], int], dead: Callable[[], str | None],
                  on_engine_failure: Callable[[EngineFailure], None],
-                 on_state_change: Callable[[], None]) -> None:
+                 on_state_change: Callable[[], None],
+                 probe: Callable[[], Awaitable[None]] | None = None, probe_timeout_s: float = 30.0) -> None:
         self.stall_timeout_s = stall_timeout_s
         self.progress_timeout_s = progress_timeout_s
         self.streams: set[Watch] = set()
@@ -78,6 +82,10 @@ class Watchdog:
         self._seen_progress = -1
         self._progress_at = time.monotonic()
         self._task: asyncio.Task | None = None
+        self._probe = probe  # a minimal inference: while hung, its finishing is the engine's progress
+        self.probe_timeout_s = probe_timeout_s
+        self._probe_task: asyncio.Task | None = None
+        self.probes_started = 0
 
     @property
     def interval_s(self) -> float:
@@ -94,11 +102,28 @@ class Watchdog:
             self._task = asyncio.ensure_future(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        for task in (self._task, self._probe_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._probe_task = None
+
+    def _keep_probing(self) -> None:
+        """While hung, one probe inference at a time: the first that finishes is progress."""
+        if self._probe is None or (self._probe_task is not None and not self._probe_task.done()):
+            return
+        self.probes_started += 1
+        self._probe_task = asyncio.ensure_future(self._run_probe())
+
+    async def _run_probe(self) -> None:
+        try:
+            await asyncio.wait_for(self._probe(), self.probe_timeout_s)
+        except Exception as exc:  # TimeoutError included: still hung, the next check probes again
+            log.info("probe of the hung engine did not finish: %s", exc or type(exc).__name__)
+            await asyncio.sleep(self.interval_s)  # an engine that refuses at once is not probed in a loop
+            return
+        self.progress += 1
 
     async def _run(self) -> None:
         while True:
@@ -119,12 +144,15 @@ class Watchdog:
                     w.on_stall()
         hung, failure = self.hung, None
         if self.progress_timeout_s > 0:
-            if self.progress != self._seen_progress or not self._pending_work():
-                self._seen_progress, self._progress_at = self.progress, now
-            hung = now - self._progress_at >= self.progress_timeout_s
-            if hung:
+            pending = self._pending_work()
+            if self.progress != self._seen_progress:  # output, a finished task or probe: the engine works
+                self._seen_progress, self._progress_at, hung = self.progress, now, False
+            elif not pending and not hung:
+                self._progress_at = now  # idle: nothing to wait for (a hung engine stays hung)
+            if pending and now - self._progress_at >= self.progress_timeout_s:
+                hung = True
                 failure = engine_failure(f"the engine made no progress for {now - self._progress_at:.0f} s "
-                                         f"with {self._pending_work()} requests pending")
+                                         f"with {pending} requests pending")
         dead = self._dead()
         if dead:
             failure = engine_failure(f"the engine died: {dead}")
@@ -134,6 +162,8 @@ class Watchdog:
                 "engine %s", f"died: {dead}" if dead else "hung: no progress with work pending" if hung
                 else "progress resumed")
         self.hung, self.dead_reason = hung, dead
+        if hung and not dead:
+            self._keep_probing()
         if failure is not None:
             self._on_engine_failure(failure)
         if changed:

@@ -109,7 +109,7 @@ def default_kv_events(ns: argparse.Namespace, argv: list[str]) -> bool:
     if not ns.kv_events or ns.kv_events_config or launcher.flag_given(argv, "--kv-events-config") \
             or getattr(ns, "disable_radix_cache", False):
         return False
-    endpoint, replay = launcher.loopback_endpoints(ranks=max(1, getattr(ns, "dp_size", 1) or 1))
+    endpoint, replay = launcher.private_endpoints(ranks=max(1, getattr(ns, "dp_size", 1) or 1))
     ns.kv_events_config = json.dumps({"publisher": "zmq", "endpoint": endpoint, "replay_endpoint": replay,
                                       "topic": "kv"})
     return True

@@ -109,6 +109,7 @@ class SglangBackend(SglangCard, SglangLora, SglangTasks, be.EngineBackend):
         self._kv_cfg = translate.kv_events_config(server_arg(sa, "kv_events_config"))
         self.kv_publishers = ZmqKvEvents(self._kv_event_publishers(), options.advertise_kv_events)
         self._live: dict[str, list[str]] = {}
+        self._dead_reason: str | None = None  # a child process died (the sidecar's SIGQUIT handler)
         self.sessions = SessionTable(options.max_open_sessions)  # prefill: session -> rids; decode: rooms used
         self._loras: dict[str, be.LoraAdapterInfo] = {}
         self._host = options.advertise_host
@@ -172,9 +173,42 @@ class SglangBackend(SglangCard, SglangLora, SglangTasks, be.EngineBackend):
 
     async def start(self) -> None:
         self.tm.auto_create_handle_loop()
+        if self.owns_engine:
+            self._take_over_child_death()
         if self._stats is not None:
             self._stats.start()
         await self.kv_publishers.start()
+
+    def _take_over_child_death(self) -> None:
+        """SGLang learns of a dead scheduler or detokenizer by a SIGQUIT (sent by the child's own
+        exception handler, or within 1 s of a hard crash by its ``SubprocessWatchdog``), and its handler
+        (``SignalHandler.running_phase_sigquit_handler``) kills this whole process tree at once: every
+        stream would end with a lost connection, no terminal error. The sidecar, which owns the
+        engine, takes the signal over instead: ``dead()`` names the process, the server ends every
+        stream with its retryable error and exits (docs/lifecycle.md). ``sglang serve`` with the
+        plugin keeps SGLang's own handling (the plugin follows its host server)."""
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            asyncio.get_running_loop().add_signal_handler(signal.SIGQUIT, self._child_died)
+
+    def _child_died(self) -> None:
+        watchdog = getattr(self.tm, "_subprocess_watchdog", None)
+        gone = []
+        if watchdog is not None:
+            watchdog.stop()
+            for proc, name in zip(getattr(watchdog, "_processes", ()), getattr(watchdog, "_names", ()),
+                                  strict=False):
+                if not proc.is_alive() and proc.exitcode != 0:
+                    gone.append(f"{name} (pid {proc.pid}, exit code {proc.exitcode})")
+        if self._dead_reason is None:
+            self._dead_reason = ("an SGLang engine process died: " + ", ".join(gone) if gone
+                                 else "an SGLang engine process failed (it signalled SIGQUIT)")
+            log.error("%s", self._dead_reason)
+
+    def dead(self) -> str | None:
+        return self._dead_reason
 
     async def shutdown(self) -> None:
         if self._stats is not None:

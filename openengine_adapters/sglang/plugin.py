@@ -88,7 +88,7 @@ def install(app, get_global_state) -> None:
 
 async def start_server(global_state, server_args=None):
     """An OpenEngineServer over ``sglang serve``'s tokenizer manager (not owning the engine)."""
-    from openengine_adapters.server import OpenEngineServer, plugin_server_config
+    from openengine_adapters.server import OpenEngineServer, check_plugin_keep_alive, plugin_server_config
     from openengine_adapters.sglang.backend import SglangBackend, SglangOptions
     from openengine_adapters.sglang.engine import sglang_version
 
@@ -104,6 +104,9 @@ async def start_server(global_state, server_args=None):
         PORT_ENV, HOST_ENV, MAX_IN_FLIGHT_ENV,
         engine_api_keys=[k for k in (getattr(server_args, "api_key", None),) if k],
         engine_admin_api_keys=[k for k in (getattr(server_args, "admin_api_key", None),) if k])
+    # a dead scheduler or detokenizer makes sglang serve kill its whole process tree (its SIGQUIT handler)
+    check_plugin_keep_alive(config, False, "sglang serve ends its process tree when an engine process dies, "
+                            "always")
     server = await OpenEngineServer(backend, config).start()
     log.info("%s", server.ready_line())
     return server

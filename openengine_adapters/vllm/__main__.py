@@ -133,7 +133,7 @@ def default_kv_events(ns: argparse.Namespace, argv: list[str]) -> bool:
         return False
     from vllm.config import KVEventsConfig
 
-    endpoint, replay = launcher.loopback_endpoints(ranks=max(1, ns.data_parallel_size or 1))
+    endpoint, replay = launcher.private_endpoints(ranks=max(1, ns.data_parallel_size or 1))
     ns.kv_events_config = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=endpoint,
                                          replay_endpoint=replay, topic="kv")
     return True
@@ -166,12 +166,18 @@ def preflight(ns: argparse.Namespace) -> None:
             "(on CPU it is the share of memory reserved), or a fixed KV cache size with --kv-cache-memory-bytes")
 
 
-async def serve(ns: argparse.Namespace, reservation, advertise_kv_events: bool) -> None:
+async def serve(ns: argparse.Namespace, reservation, advertise_kv_events: bool, argv: list[str]) -> None:
     from openengine_adapters.vllm.engine import start_backend
 
+    def chosen() -> list[str | None]:  # the KV-event endpoints this launcher chose (not the user's)
+        cfg = ns.kv_events_config
+        return [] if advertise_kv_events or cfg is None else [cfg.endpoint, cfg.replay_endpoint]
+
     try:
-        backend = await start_backend(ns, ROLE_BY_NAME[ns.role] if ns.role else None,
-                                      advertise_kv_events=advertise_kv_events)
+        backend = await launcher.start_retrying_port_races(
+            lambda: start_backend(ns, ROLE_BY_NAME[ns.role] if ns.role else None,
+                                  advertise_kv_events=advertise_kv_events),
+            chosen, lambda: default_kv_events(ns, argv), ranks=max(1, ns.data_parallel_size or 1))
     except (SystemExit, KeyboardInterrupt):
         raise
     except Exception as exc:
@@ -217,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
         preflight(ns)
         import uvloop  # a vLLM dependency; the loop vLLM's own servers run on
 
-        uvloop.run(serve(ns, reservation, advertise_kv_events=not private_kv_events))
+        uvloop.run(serve(ns, reservation, advertise_kv_events=not private_kv_events, argv=argv))
     from openengine_adapters import engine_processes
 
     engine_processes.end_without_teardown(0)  # served and stopped: no Triton nanobind report at teardown

@@ -21,5 +21,8 @@ def engine_failure(exc: BaseException) -> EngineFailure:
     from vllm.v1.engine.exceptions import EngineDeadError
 
     if isinstance(exc, EngineDeadError):
-        return EngineFailure(ErrorCode.INTERNAL, "the vLLM engine died")
+        # the request did not complete and belongs on another engine, at once: the same terminal
+        # error as the watchdog's (core.watchdog.engine_failure), whichever sees the death first
+        return EngineFailure(ErrorCode.INTERNAL, "the engine died: the vLLM engine core died", retryable=True,
+                             retry_after_ms=0)
     return EngineFailure(ErrorCode.INTERNAL, f"vLLM error: {type(exc).__name__}: {exc}")

@@ -91,8 +91,9 @@ class OpenEnginePlugin:
                                     "server (set %s=50051 to serve one on this engine)", PORT_ENV, PORT_ENV)
             return
         import vllm
+        from vllm import envs
 
-        from openengine_adapters.server import OpenEngineServer, plugin_server_config
+        from openengine_adapters.server import OpenEngineServer, check_plugin_keep_alive, plugin_server_config
         from openengine_adapters.vllm.backend import VllmBackend
         from openengine_adapters.vllm.disagg import default_role
 
@@ -108,6 +109,11 @@ class OpenEnginePlugin:
             PORT_ENV, HOST_ENV, MAX_IN_FLIGHT_ENV,
             engine_api_keys=[k for k in (getattr(args, "api_key", None) or [os.environ.get("VLLM_API_KEY")]) if k],
             engine_lora_root=os.environ.get("VLLM_LORA_RESOLVER_CACHE_DIR") or None)
+        # vllm serve exits when its engine dies (launcher.watchdog_loop, every 5 s) unless
+        # VLLM_KEEP_ALIVE_ON_ENGINE_DEATH; the gRPC server stops with it (attach_router)
+        keeps = bool(envs.VLLM_KEEP_ALIVE_ON_ENGINE_DEATH)
+        check_plugin_keep_alive(config, keeps, f"vllm serve {'keeps it' if keeps else 'exits'} "
+                                f"(VLLM_KEEP_ALIVE_ON_ENGINE_DEATH={int(keeps)}): set that variable instead")
         self.server = await OpenEngineServer(backend, config).start()
         state.openengine_server = self.server
         _vllm_log().info("%s", self.server.ready_line())

@@ -322,9 +322,44 @@ async def test_conformance_suite_on_prefill_and_decode(prefill, decode):
 
 
 async def test_zz_drain_forgets_open_sessions_at_its_deadline(prefill):
-    """Last: a drained server stops accepting work."""
+    """Near the end: the prefill keeps accepting work (stop_accepting_new_requests false) for the
+    last test, which kills it."""
     await do_prefill(prefill)
     events = [e async for e in prefill.stub.Drain(lifecycle_pb2.DrainRequest(
-        stop_accepting_new_requests=True, deadline_ms=1500, abort_after_deadline=True))]
+        stop_accepting_new_requests=False, deadline_ms=1500, abort_after_deadline=True))]
     assert events[0].open_kv_sessions >= 1
     assert events[-1].state == lifecycle_pb2.DRAIN_STATE_COMPLETE and events[-1].open_kv_sessions == 0
+
+
+async def test_zzz_killing_the_prefill_sidecar_mid_handoff_ends_the_decode_once_and_frees_it(prefill, decode):
+    """Last (issue 25, item 4): the prefill sidecar is SIGKILLed (with its engine core) between handing
+    a session off and the decode pulling its KV. The decode request ends with exactly one terminal
+    KV_TRANSFER_FAILED error, within a bound (no hang), its engine runs nothing afterwards and still
+    serves, and the session cannot be decoded again."""
+    import psutil
+
+    session = await do_prefill(prefill)
+    victims = [psutil.Process(prefill.proc.pid), *psutil.Process(prefill.proc.pid).children(recursive=True)]
+    for p in victims:
+        p.kill()
+    await asyncio.wait_for(prefill.proc.wait(), 30)
+    psutil.wait_procs(victims, timeout=10)
+    req = decode_request(session)
+    started = asyncio.get_running_loop().time()
+    events = await collect(decode.stub, req, timeout=120)
+    took = asyncio.get_running_loop().time() - started
+    print(f"decode after the prefill sidecar died: {events[-1].WhichOneof('event')} after {took:.1f} s")
+    check_generate_stream(req, events)
+    errors = [e.error for e in events if e.HasField("error")]
+    assert len(errors) == 1 and events[-1].HasField("error"), events
+    assert errors[0].code == ErrorCode.KV_TRANSFER_FAILED, errors[0]
+
+    async def idle():
+        load = await decode.stub.GetLoad(obs.GetLoadRequest())
+        return load.running_requests == 0
+
+    await eventually(idle, timeout=30)
+    await expect_status(decode.stub.Generate(decode_request(session)), grpc.StatusCode.NOT_FOUND, "session")
+    health = await decode.stub.Health(lifecycle_pb2.HealthRequest(include_inference_probe=True,
+                                                                  role=engine_pb2.ENGINE_ROLE_DECODE))
+    assert health.state == lifecycle_pb2.HEALTH_STATE_READY

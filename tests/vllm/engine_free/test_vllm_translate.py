@@ -133,3 +133,4 @@ def test_unknown_finish_reason_is_an_engine_failure():
     tr = t.OutputTranslator(params(), 2)
     with pytest.raises(EngineFailure):
         tr.chunk(Out([Comp(0, [1], "x", None, "error")], [1]))
+

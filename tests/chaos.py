@@ -1,0 +1,114 @@
+"""What every client of a sidecar must see when its engine is frozen or killed (issue 25, item 4;
+docs/lifecycle.md), shared by the real-engine chaos tests (tests/vllm/test_chaos.py,
+tests/sglang/test_chaos.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import grpc
+import psutil
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from helpers import eventually, gen_request
+from launch_helpers import Launched
+
+from openengine_adapters.server import ENGINE_DEATH_STOP_S, ENGINE_DIED_EXIT_CODE
+from openengine_adapters.types import ErrorCode
+from openengine_adapters.v1 import generation_pb2 as g
+from openengine_adapters.v1 import kv_pb2, lifecycle_pb2, observability_pb2, openengine_pb2_grpc
+
+PROGRESS_TIMEOUT_S = 3  # the sidecars' --progress-timeout-s in the chaos tests
+SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+# from the engine's death to the launcher's exit: found within a watchdog interval (vLLM's own monitor
+# sees the process end at once), the server stopped within ENGINE_DEATH_STOP_S, then 5 s at most to
+# reap what is left of the engine's processes
+EXIT_BOUND_S = 1 + ENGINE_DEATH_STOP_S + 5
+
+
+def long_generate(stub, rid: str):
+    """A Generate that runs for a while on the tiny CPU models."""
+    return stub.Generate(gen_request("hello " * 8, request_id=rid, model="tiny",
+                                     stopping=g.StoppingOptions(max_tokens=400, ignore_eos=True)))
+
+
+async def rest(call, timeout: float = 60) -> list:
+    """The rest of a stream, each message within ``timeout`` (a stream that hangs fails the test)."""
+    out = []
+    while (r := await asyncio.wait_for(call.read(), timeout)) is not grpc.aio.EOF:
+        out.append(r)
+    return out
+
+
+def one_retryable_error(events: list) -> object:
+    """Exactly one terminal error, the last event, retryable at once."""
+    errors = [e.error for e in events if e.HasField("error")]
+    assert len(errors) == 1 and events[-1].HasField("error"), events[-3:]
+    assert (errors[0].code, errors[0].retryable, errors[0].retry_after_ms) == (ErrorCode.INTERNAL, True, 0), errors
+    return errors[0]
+
+
+async def health(channel) -> tuple[int, int]:
+    """(revision-1 Health state, grpc.health.v1 status)."""
+    mine = await openengine_pb2_grpc.OpenEngineStub(channel).Health(lifecycle_pb2.HealthRequest(), timeout=10)
+    std = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+    return mine.state, std.status
+
+
+def engine_process(server: Launched, marker: str) -> psutil.Process:
+    """The sidecar's child whose name or command line holds ``marker`` (engines title their processes:
+    ``VLLM::EngineCore``, ``VLLM::Worker...``, ``sglang::scheduler``)."""
+    server.record_children()
+    found = []
+    for p in server.children:
+        with contextlib.suppress(psutil.Error):
+            if marker in p.name() or marker in " ".join(p.cmdline()):
+                found.append(p)
+    assert len(found) == 1, [(p.pid, p.name()) for p in server.children]
+    return found[0]
+
+
+async def watch_health(channel, seen: list) -> None:
+    with contextlib.suppress(grpc.aio.AioRpcError):
+        async for resp in health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest()):
+            seen.append(resp.status)
+
+
+async def death_is_seen_by_every_client_then_the_process_exits(server: Launched, stub, channel, kill,
+                                                               engine: str, cause: str) -> float:
+    """Open Generates, a KV and a runtime-event subscription and a grpc.health Watch; ``kill()``; each
+    ends with exactly one retryable error (no hang), health goes NOT_SERVING, the launcher exits with
+    ENGINE_DIED_EXIT_CODE within EXIT_BOUND_S with one line naming the cause, nothing is left behind.
+    Returns the seconds from the kill to the exit."""
+    seen: list = []
+    watcher = asyncio.ensure_future(watch_health(channel, seen))
+    await eventually(lambda: seen == [SERVING])
+    calls = [long_generate(stub, f"dies-{i}") for i in range(3)]
+    for call in calls:
+        await asyncio.wait_for(call.read(), 60)
+    kv = stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest())
+    runtime = stub.SubscribeRuntimeEvents(observability_pb2.SubscribeRuntimeEventsRequest())
+    await asyncio.wait_for(runtime.read(), 30)  # FORWARD_PASS events flow while the Generates run
+    killed_at = time.monotonic()
+    kill()
+    for call in calls:
+        err = one_retryable_error(await rest(call, 30))
+        assert "died" in err.message, err
+    for sub in (kv, runtime):
+        one_retryable_error(await rest(sub, 30))
+    code = await server.wait(EXIT_BOUND_S + 10)
+    elapsed = time.monotonic() - killed_at
+    await asyncio.wait_for(watcher, 10)
+    assert code == ENGINE_DIED_EXIT_CODE, server.tail()
+    assert elapsed < EXIT_BOUND_S, f"exited {elapsed:.1f} s after the kill"
+    assert seen[0] == SERVING and NOT_SERVING in seen, seen
+    last = server.last_line_but_exit_notes()
+    assert last.startswith(f"error: the {engine} engine died: {cause}"), server.tail()
+    assert f"exiting with status {ENGINE_DIED_EXIT_CODE}" in last
+    assert not server.leftovers(), server.leftovers()
+    return elapsed
+
+
+async def ready(channel) -> bool:
+    return await health(channel) == (lifecycle_pb2.HEALTH_STATE_READY, SERVING)
