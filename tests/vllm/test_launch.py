@@ -149,7 +149,8 @@ def test_version_and_help():
     lines = out.splitlines()
     sections = [line[:-1] for line in lines if line and not line[0].isspace() and line.endswith(":")]
     assert sections[:4] == ["OpenEngine server", "OpenEngine vLLM adapter", "OpenEngine security", "Config Groups"]
-    assert len(lines) < 150, len(lines)
+    # our flags, then vLLM's config groups by name only: its per-field flags stay behind --help=GROUP
+    assert "--max-num-batched-tokens" not in out and len(lines) < 175, len(lines)
     text = " ".join(out.split())
     assert "Without --model this serves a tiny demo Llama" in text and "--kv-cache-memory-bytes 268435456" in text
     assert "--reuse-port" in out and "--no-kv-events" in out and "--help=CacheConfig" in text
