@@ -30,11 +30,14 @@ async def test_label_token_score_matches_sglang_logprobs(served):
     (group,) = resp.groups
     values = [list(c.scores.values) for c in group.candidates]
     assert all(len(v) == 3 and all(x < 0 for x in v) for v in values)
-    # the same numbers from SGLang's own scoring API, in probabilities
+    # the same numbers from SGLang's own scoring API, in probabilities. The two SGLang paths differ run
+    # to run by up to 0.2% relative on CPU (seen in a fresh environment, on this session's code and on
+    # the previous release's alike, with and without a cache flush); a wrong token position or
+    # normalization is off by orders of magnitude, so 0.5% still tells ours from anything else
     direct = await served.tm.score_request(query="the cat", items=[" sees", " eats"], label_token_ids=[5, 6, 7],
                                            apply_softmax=False, request=None)
     for ours, theirs in zip(values, direct.scores, strict=True):
-        assert [math.exp(x) for x in ours] == pytest.approx(theirs, rel=1e-4)
+        assert [math.exp(x) for x in ours] == pytest.approx(theirs, rel=5e-3)
     soft = await served.stub.Score(score_request("score-2", [5, 6, 7], tasks_pb2.SCORE_NORMALIZATION_SOFTMAX))
     assert soft.semantics == tasks_pb2.TASK_VALUE_SEMANTICS_PROBABILITIES
     for c in soft.groups[0].candidates:
