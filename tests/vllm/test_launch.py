@@ -220,20 +220,3 @@ async def test_plugin_says_it_listens_and_ends_streams_at_once_on_vllm_default_s
         assert await server.wait(60) == 0
     finally:
         server.kill()
-
-
-@SESSION_LOOP
-async def test_plugin_named_without_its_port_warns(model_dir):
-    """VLLM_PLUGINS=openengine without OPENENGINE_GRPC_PORT: one warning saying what to set. (Installed
-    but not named in VLLM_PLUGINS, vLLM itself warns that it found the endpoint plugin and skipped it.)"""
-    server = _vllm_serve(model_dir, {"VLLM_PLUGINS": "openengine"})
-    try:
-        await server.wait_for(r"Application startup complete", 600)
-        warning = "the openengine plugin is loaded but OPENENGINE_GRPC_PORT is not set"
-        assert sum(warning in line for line in server.lines) == 1, server.tail()
-        assert ") ready on " not in server.output
-        server.proc.send_signal(signal.SIGTERM)
-        assert await server.wait(60) == 0
-    finally:
-        server.kill()
-

@@ -242,3 +242,28 @@ async def test_matryoshka_dimensions_reduce_and_renormalize(matryoshka, st_refer
     await expect_status(matryoshka.stub.Embed(embedding_pb2.EmbedRequest(
         context=ctx("d2"), inputs=inputs(TEXTS[:1]), options=embedding_pb2.EmbedOptions(dimensions=100))),
         grpc.StatusCode.INVALID_ARGUMENT, "dimensions")
+
+
+# ------------------------------------------------------------------ the conformance suite on each pooling model
+# (on the servers above: no engine start of its own; generation checks skip, nothing generates)
+
+async def _conformance(served, task: str) -> None:
+    from conformance import run_suite_async
+
+    report = await run_suite_async(served.target, "m", check_timeout_s=120)
+    print(report.table())
+    failures = {r.name: r.reason for r in report.failures()}
+    assert not failures, "conformance failures:\n" + "\n".join(f"{k}: {v}" for k, v in failures.items())
+    assert report.get(task).status == "pass", report.get(task)
+
+
+async def test_conformance_suite_on_the_embedder(embedder):
+    await _conformance(embedder, "tasks.embed_basic")
+
+
+async def test_conformance_suite_on_the_classifier(classifier):
+    await _conformance(classifier, "tasks.classify_basic")
+
+
+async def test_conformance_suite_on_the_cross_encoder(cross_encoder):
+    await _conformance(cross_encoder, "tasks.score_native")
