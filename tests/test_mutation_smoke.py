@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent / "mutants"))
 import run as mutation  # noqa: E402
 from catalog import MUTANTS  # noqa: E402
 
-from conformance.registry import all_checks  # noqa: E402
+from conformance.checks import all_checks  # noqa: E402
 
 CHECK_NAMES = [c.name for c in all_checks()]
 

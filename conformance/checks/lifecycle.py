@@ -6,6 +6,7 @@ import asyncio
 
 import grpc
 
+from conformance.checks.task_calls import batch_request, task_capability
 from conformance.context import G
 from conformance.registry import CheckFailed, Skip, check, expect
 from openengine_adapters.v1 import kv_pb2, observability_pb2
@@ -247,12 +248,10 @@ async def drain(ctx):
     if ctx.role not in (2, 3) and ctx.generates():
         await ctx.gen_rejected(ctx.request("afterdrain", max_tokens=2), *codes, what="Generate after Drain")
     # stop_accepting_new_requests covers every inference RPC, Embed/Classify/Score included
-    from conformance.checks import tasks
-
     for task in ("embed", "classify", "score"):
-        cap = tasks._cap(ctx, task)
+        cap = task_capability(ctx, task)
         if cap is not None:
-            await ctx.rejected(tasks._batch_request(ctx, task, cap, "afterdrain"), *codes,
+            await ctx.rejected(batch_request(ctx, task, cap, "afterdrain"), *codes,
                                what=f"{task} after Drain")
 
 

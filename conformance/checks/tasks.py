@@ -6,38 +6,22 @@ import math
 
 import grpc
 
+from conformance.checks.task_calls import (
+    TEXTS,
+    batch_request,
+    native_score,
+    require_task,
+    score_options,
+    task_capability,
+    task_context,
+    task_input,
+)
 from conformance.context import finite
 from conformance.registry import CheckFailed, Skip, check, expect
-from openengine_adapters.v1 import classification_pb2, embedding_pb2, input_pb2, scoring_pb2, tasks_pb2
+from openengine_adapters.v1 import classification_pb2, embedding_pb2, scoring_pb2, tasks_pb2
 
 C = grpc.StatusCode
 T = tasks_pb2
-TEXTS = ["The first input.", "A second, different input text."]
-
-
-def _cap(ctx, task: str):
-    mi = ctx.mi()
-    cap = getattr(mi.tasks, task) if mi.HasField("tasks") else None
-    return cap if cap is not None and cap.supported else None
-
-
-def _require(ctx, task: str):
-    cap = _cap(ctx, task)
-    if cap is None:
-        raise Skip(f"{task} not advertised")
-    return cap
-
-
-def _input(ctx, cap, item_id: str, text: str) -> T.TaskInput:
-    if not list(cap.input_types) or T.TASK_INPUT_TYPE_TEXT in cap.input_types:
-        return T.TaskInput(item_id=item_id, text=text)
-    if T.TASK_INPUT_TYPE_TOKEN_IDS in cap.input_types:
-        return T.TaskInput(item_id=item_id, token_ids=input_pb2.TokenIds(ids=[1 + (ord(c) % 50) for c in text[:8]]))
-    raise Skip("the task takes neither text nor token-id input")
-
-
-def _context(ctx, tag: str, **kw) -> T.TaskRequestContext:
-    return T.TaskRequestContext(request_id=ctx.rid(tag), model=ctx.model, **kw)
 
 
 def check_dense(t: T.DenseFloatTensor, what: str) -> None:
@@ -87,8 +71,8 @@ def _embedding(o, what, dim=None) -> None:
 
 
 async def _embed(ctx, cap, tag, **opts):
-    inputs = [_input(ctx, cap, f"item-{i}", text) for i, text in enumerate(TEXTS)]
-    req = embedding_pb2.EmbedRequest(context=_context(ctx, tag), inputs=inputs,
+    inputs = [task_input(ctx, cap, f"item-{i}", text) for i, text in enumerate(TEXTS)]
+    req = embedding_pb2.EmbedRequest(context=task_context(ctx, tag), inputs=inputs,
                                      options=embedding_pb2.EmbedOptions(**opts))
     return req, await ctx.stub.Embed(req, timeout=ctx.options.check_timeout_s)
 
@@ -98,7 +82,7 @@ async def _embed(ctx, cap, tag, **opts):
 @check("tasks.embed_basic", "advertised tasks.embed")
 async def embed_basic(ctx):
     """Default Embed: one output per input in order, input_index present incl. 0, valid tensors."""
-    cap = _require(ctx, "embed")
+    cap = require_task(ctx, "embed")
     req, resp = await _embed(ctx, cap, "embed")
     expect(resp.request_id == req.context.request_id, "request_id not echoed")
     _items(resp.outputs, req.inputs, "Embed")
@@ -112,7 +96,7 @@ async def embed_basic(ctx):
 @check("tasks.embed_granularities", "advertised tasks.embed granularities (others rejected)")
 async def embed_granularities(ctx):
     """Each advertised granularity is honoured exactly; an unadvertised one is INVALID_ARGUMENT."""
-    cap = _require(ctx, "embed")
+    cap = require_task(ctx, "embed")
     for g in (T.TASK_OUTPUT_GRANULARITY_SEQUENCE, T.TASK_OUTPUT_GRANULARITY_TOKEN):
         name = T.TaskOutputGranularity.Name(g)
         if g in cap.granularities:
@@ -129,7 +113,7 @@ async def embed_granularities(ctx):
 @check("tasks.embed_encodings", "advertised tasks.embed encodings (others rejected)")
 async def embed_encodings(ctx):
     """Each advertised encoding is honoured exactly; an unadvertised one is INVALID_ARGUMENT."""
-    cap = _require(ctx, "embed")
+    cap = require_task(ctx, "embed")
     for enc, field in ((T.EMBEDDING_ENCODING_DENSE, "dense"), (T.EMBEDDING_ENCODING_SPARSE, "sparse")):
         name = T.EmbeddingEncoding.Name(enc)
         if enc in cap.encodings:
@@ -148,7 +132,7 @@ async def embed_normalize(ctx):
     rejected": normalize=true gives unit L2 norm; normalize=false gives the same direction (the vector that
     normalize=true scales), or is refused; without supports_normalization an explicit normalize is
     INVALID_ARGUMENT."""
-    cap = _require(ctx, "embed")
+    cap = require_task(ctx, "embed")
     if not cap.supports_normalization:
         await ctx.rejected(_embed(ctx, cap, "embnorm", normalize=True), C.INVALID_ARGUMENT,
                            what="Embed normalize (not advertised)")
@@ -177,7 +161,7 @@ async def embed_normalize(ctx):
 async def embed_dimensions(ctx):
     """dimensions=k (< native) reduces the output to k values; unadvertised override is INVALID_ARGUMENT;
     dimensions=0 is INVALID_ARGUMENT."""
-    cap = _require(ctx, "embed")
+    cap = require_task(ctx, "embed")
     await ctx.rejected(_embed(ctx, cap, "embdim0", dimensions=0), C.INVALID_ARGUMENT, what="Embed dimensions 0")
     if not cap.supports_dimension_override:
         await ctx.rejected(_embed(ctx, cap, "embdim", dimensions=2), C.INVALID_ARGUMENT,
@@ -191,57 +175,30 @@ async def embed_dimensions(ctx):
 
 # shared rejections ---------------------------------------------------------------------------------------
 
-def _batch_request(ctx, task: str, cap, tag: str, inputs=None, **ctxkw):
-    if inputs is None:
-        inputs = [_input(ctx, cap, f"item-{i}", t) for i, t in enumerate(TEXTS)]
-    context = _context(ctx, tag, **ctxkw)
-    if task == "embed":
-        return ctx.stub.Embed(embedding_pb2.EmbedRequest(context=context, inputs=inputs),
-                              timeout=ctx.options.check_timeout_s)
-    if task == "classify":
-        return ctx.stub.Classify(classification_pb2.ClassifyRequest(context=context, inputs=inputs),
-                                 timeout=ctx.options.check_timeout_s)
-    groups = [scoring_pb2.ScoreGroup(group_id="g0", query=inputs[0], candidates=inputs[1:])] if inputs else []
-    return ctx.stub.Score(scoring_pb2.ScoreRequest(context=context, groups=groups, options=_score_opts(ctx, cap)),
-                          timeout=ctx.options.check_timeout_s)
-
-
-def _score_opts(ctx, cap) -> scoring_pb2.ScoreOptions:
-    if _native_score(cap):
-        return scoring_pb2.ScoreOptions()
-    return scoring_pb2.ScoreOptions(label_token_ids=[1, 2])
-
-
-def _native_score(cap) -> bool:
-    native = {T.TASK_VALUE_SEMANTICS_SIMILARITY, T.TASK_VALUE_SEMANTICS_RELEVANCE, T.TASK_VALUE_SEMANTICS_LOGITS,
-              T.TASK_VALUE_SEMANTICS_REWARD, T.TASK_VALUE_SEMANTICS_MODEL_DEFINED}
-    return bool(native & set(cap.semantics)) or not cap.supports_label_token_scoring
-
-
 def _rejection_checks(task: str):
     @check(f"tasks.{task}_rejects_malformed", f"advertised tasks.{task}")
     async def malformed(ctx):
         """Empty batch, duplicate item ids and a missing request_id are INVALID_ARGUMENT;
         an unknown model is NOT_FOUND."""
-        cap = _require(ctx, task)
-        await ctx.rejected(_batch_request(ctx, task, cap, "empty", inputs=[]), C.INVALID_ARGUMENT,
+        cap = require_task(ctx, task)
+        await ctx.rejected(batch_request(ctx, task, cap, "empty", inputs=[]), C.INVALID_ARGUMENT,
                            what=f"{task} with an empty batch")
-        dup = [_input(ctx, cap, "same", TEXTS[0]), _input(ctx, cap, "same", TEXTS[1])]
+        dup = [task_input(ctx, cap, "same", TEXTS[0]), task_input(ctx, cap, "same", TEXTS[1])]
         if task == "score":
-            dup = [_input(ctx, cap, "q", TEXTS[0])] + [_input(ctx, cap, "same", t) for t in TEXTS]
-        await ctx.rejected(_batch_request(ctx, task, cap, "dup", inputs=dup), C.INVALID_ARGUMENT,
+            dup = [task_input(ctx, cap, "q", TEXTS[0])] + [task_input(ctx, cap, "same", t) for t in TEXTS]
+        await ctx.rejected(batch_request(ctx, task, cap, "dup", inputs=dup), C.INVALID_ARGUMENT,
                            what=f"{task} with duplicate item ids")
-        call = _batch_request(ctx, task, cap, "noid")
+        call = batch_request(ctx, task, cap, "noid")
         await call  # warm: a valid request must work
         req_fn = {"embed": (ctx.stub.Embed, embedding_pb2.EmbedRequest),
                   "classify": (ctx.stub.Classify, classification_pb2.ClassifyRequest),
                   "score": (ctx.stub.Score, scoring_pb2.ScoreRequest)}[task]
         if task == "score":
-            msg = req_fn[1](context=T.TaskRequestContext(model=ctx.model), options=_score_opts(ctx, cap),
-                            groups=[scoring_pb2.ScoreGroup(group_id="g", query=_input(ctx, cap, "q", TEXTS[0]),
-                                                           candidates=[_input(ctx, cap, "c", TEXTS[1])])])
+            msg = req_fn[1](context=T.TaskRequestContext(model=ctx.model), options=score_options(cap),
+                            groups=[scoring_pb2.ScoreGroup(group_id="g", query=task_input(ctx, cap, "q", TEXTS[0]),
+                                                           candidates=[task_input(ctx, cap, "c", TEXTS[1])])])
         else:
-            msg = req_fn[1](context=T.TaskRequestContext(model=ctx.model), inputs=[_input(ctx, cap, "a", TEXTS[0])])
+            msg = req_fn[1](context=T.TaskRequestContext(model=ctx.model), inputs=[task_input(ctx, cap, "a", TEXTS[0])])
         await ctx.rejected(req_fn[0](msg, timeout=30), C.INVALID_ARGUMENT, what=f"{task} without request_id")
         msg.context.request_id = ctx.rid("unknownmodel")
         msg.context.model = "conformance/no-such-model"
@@ -250,15 +207,15 @@ def _rejection_checks(task: str):
     @check(f"tasks.{task}_unadvertised_options", f"advertised tasks.{task}")
     async def unadvertised(ctx):
         """priority / lora_name are INVALID_ARGUMENT when the task does not advertise them."""
-        cap = _require(ctx, task)
+        cap = require_task(ctx, task)
         tested = 0
         if not cap.supports_priority:
-            await ctx.rejected(_batch_request(ctx, task, cap, "prio", priority=1), C.INVALID_ARGUMENT,
+            await ctx.rejected(batch_request(ctx, task, cap, "prio", priority=1), C.INVALID_ARGUMENT,
                                what=f"{task} priority (not advertised)")
             ctx.reported(cap, "supports_priority", f"{task} priority")
             tested += 1
         if not cap.supports_lora:
-            await ctx.rejected(_batch_request(ctx, task, cap, "lora", lora_name="conformance-lora"),
+            await ctx.rejected(batch_request(ctx, task, cap, "lora", lora_name="conformance-lora"),
                                C.INVALID_ARGUMENT, what=f"{task} lora_name (not advertised)")
             ctx.reported(cap, "supports_lora", f"{task} lora_name")
             tested += 1
@@ -268,10 +225,10 @@ def _rejection_checks(task: str):
     @check(f"tasks.{task}_unsupported", f"tasks.{task} not advertised")
     async def unsupported(ctx):
         """A task the model does not advertise is FAILED_PRECONDITION."""
-        if _cap(ctx, task) is not None:
+        if task_capability(ctx, task) is not None:
             raise Skip(f"{task} is advertised")
         cap = T.ScoreCapabilities(input_types=[T.TASK_INPUT_TYPE_TEXT])
-        await ctx.rejected(_batch_request(ctx, task, cap, "unsup"), C.FAILED_PRECONDITION,
+        await ctx.rejected(batch_request(ctx, task, cap, "unsup"), C.FAILED_PRECONDITION,
                            what=f"{task} on a model without it")
 
 
@@ -282,8 +239,8 @@ for _task in ("embed", "classify", "score"):
 # Classify -----------------------------------------------------------------------------------------------
 
 async def _classify(ctx, cap, tag, **opts):
-    inputs = [_input(ctx, cap, f"item-{i}", t) for i, t in enumerate(TEXTS)]
-    req = classification_pb2.ClassifyRequest(context=_context(ctx, tag), inputs=inputs,
+    inputs = [task_input(ctx, cap, f"item-{i}", t) for i, t in enumerate(TEXTS)]
+    req = classification_pb2.ClassifyRequest(context=task_context(ctx, tag), inputs=inputs,
                                              options=classification_pb2.ClassifyOptions(**opts))
     return req, await ctx.stub.Classify(req, timeout=ctx.options.check_timeout_s)
 
@@ -308,7 +265,7 @@ def _classification(o, what):
 @check("tasks.classify_basic", "advertised tasks.classify")
 async def classify_basic(ctx):
     """Default Classify: order, input_index incl. 0, valid tensors, non-UNSPECIFIED semantics, labels aligned."""
-    cap = _require(ctx, "classify")
+    cap = require_task(ctx, "classify")
     req, resp = await _classify(ctx, cap, "cls")
     expect(resp.request_id == req.context.request_id, "request_id not echoed")
     _items(resp.outputs, req.inputs, "Classify")
@@ -320,7 +277,7 @@ async def classify_basic(ctx):
 @check("tasks.classify_semantics", "advertised tasks.classify semantics (others rejected)")
 async def classify_semantics(ctx):
     """Each advertised output_semantics is reported back exactly; an unadvertised one is INVALID_ARGUMENT."""
-    cap = _require(ctx, "classify")
+    cap = require_task(ctx, "classify")
     for sem in T.TaskValueSemantics.values():
         if sem == 0:
             continue
@@ -358,9 +315,10 @@ async def _score(ctx, cap, tag, **opts):
     groups = []
     for g in range(2):
         groups.append(scoring_pb2.ScoreGroup(
-            group_id=f"group-{g}", query=_input(ctx, cap, "query", f"Query number {g}?"),
-            candidates=[_input(ctx, cap, f"cand-{c}", f"Candidate {c} for query {g}.") for c in range(2)]))
-    req = scoring_pb2.ScoreRequest(context=_context(ctx, tag), groups=groups, options=scoring_pb2.ScoreOptions(**opts))
+            group_id=f"group-{g}", query=task_input(ctx, cap, "query", f"Query number {g}?"),
+            candidates=[task_input(ctx, cap, f"cand-{c}", f"Candidate {c} for query {g}.") for c in range(2)]))
+    req = scoring_pb2.ScoreRequest(context=task_context(ctx, tag), groups=groups,
+                                   options=scoring_pb2.ScoreOptions(**opts))
     return req, await ctx.stub.Score(req, timeout=ctx.options.check_timeout_s)
 
 
@@ -387,8 +345,8 @@ def _check_score(req, resp, width=None):
 @check("tasks.score_native", "advertised tasks.score with a model-native score")
 async def score_native(ctx):
     """Native scoring (no label tokens): groups/candidates in order with present indexes incl. 0."""
-    cap = _require(ctx, "score")
-    if not _native_score(cap):
+    cap = require_task(ctx, "score")
+    if not native_score(cap):
         raise Skip("the model advertises only label-token scoring")
     req, resp = await _score(ctx, cap, "score")
     _check_score(req, resp)
@@ -399,7 +357,7 @@ async def score_native(ctx):
 async def score_label_tokens(ctx):
     """label_token_ids scoring echoes the ids in order, one value per label; duplicates are INVALID_ARGUMENT.
     Without the capability, label_token_ids is INVALID_ARGUMENT."""
-    cap = _require(ctx, "score")
+    cap = require_task(ctx, "score")
     labels = await _labels(ctx, cap)
     if not cap.supports_label_token_scoring:
         await ctx.rejected(_score(ctx, cap, "lbl", label_token_ids=labels), C.INVALID_ARGUMENT,
@@ -439,7 +397,7 @@ async def _normalizations(ctx, cap, labels: list[int], what: str) -> None:
 async def score_normalizations(ctx):
     """Each advertised normalization is honoured and reported back (on label-token scoring when advertised,
     where SOFTMAX is defined); an unadvertised one is INVALID_ARGUMENT."""
-    cap = _require(ctx, "score")
+    cap = require_task(ctx, "score")
     labels = await _labels(ctx, cap) if cap.supports_label_token_scoring else []
     await _normalizations(ctx, cap, labels, "label-token Score normalization" if labels else "Score normalization")
 
@@ -448,8 +406,8 @@ async def score_normalizations(ctx):
 async def score_native_normalizations(ctx):
     """The advertised normalizations also apply to model-native scoring (no label tokens): honoured or
     INVALID_ARGUMENT, never an INTERNAL failure after acceptance."""
-    cap = _require(ctx, "score")
-    if not (cap.supports_label_token_scoring and _native_score(cap)):
+    cap = require_task(ctx, "score")
+    if not (cap.supports_label_token_scoring and native_score(cap)):
         raise Skip("covered by tasks.score_normalizations (only one scoring kind advertised)")
     await _normalizations(ctx, cap, [], "native Score normalization")
 
@@ -457,10 +415,10 @@ async def score_native_normalizations(ctx):
 @check("tasks.score_rejects_malformed_groups", "advertised tasks.score")
 async def score_groups(ctx):
     """Duplicate group ids, a group without candidates and an unadvertised instruction are INVALID_ARGUMENT."""
-    cap = _require(ctx, "score")
-    opts = _score_opts(ctx, cap)
-    q = _input(ctx, cap, "q", TEXTS[0])
-    c = _input(ctx, cap, "c", TEXTS[1])
+    cap = require_task(ctx, "score")
+    opts = score_options(cap)
+    q = task_input(ctx, cap, "q", TEXTS[0])
+    c = task_input(ctx, cap, "c", TEXTS[1])
     cases = [
         ("duplicate group ids", [scoring_pb2.ScoreGroup(group_id="g", query=q, candidates=[c]),
                                  scoring_pb2.ScoreGroup(group_id="g", query=q, candidates=[c])], opts),
@@ -473,7 +431,7 @@ async def score_groups(ctx):
         cases.append(("an instruction (not advertised)", [scoring_pb2.ScoreGroup(group_id="g", query=q,
                                                                                  candidates=[c])], io))
     for what, groups, o in cases:
-        req = scoring_pb2.ScoreRequest(context=_context(ctx, "badgroup"), groups=groups, options=o)
+        req = scoring_pb2.ScoreRequest(context=task_context(ctx, "badgroup"), groups=groups, options=o)
         await ctx.rejected(ctx.stub.Score(req, timeout=30), C.INVALID_ARGUMENT, what=f"Score with {what}")
     if not cap.supports_instruction:
         ctx.reported(cap, "supports_instruction", "Score instruction")
