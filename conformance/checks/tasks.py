@@ -143,6 +143,18 @@ async def embed_normalize(ctx):
         if o.WhichOneof("embedding") == "dense" and o.granularity == T.TASK_OUTPUT_GRANULARITY_SEQUENCE:
             norm = math.sqrt(sum(v * v for v in o.dense.values))
             expect(abs(norm - 1.0) < 1e-3, f"output {i}: L2 norm {norm:.5f} with normalize=true")
+    if T.TASK_OUTPUT_GRANULARITY_TOKEN in cap.granularities:  # each token's vector, not only a sequence's
+        _, tok = await _embed(ctx, cap, "embnormtok", normalize=True, granularity=T.TASK_OUTPUT_GRANULARITY_TOKEN,
+                              encoding=T.EMBEDDING_ENCODING_DENSE if T.EMBEDDING_ENCODING_DENSE in cap.encodings
+                              else T.EMBEDDING_ENCODING_UNSPECIFIED)
+        for i, o in enumerate(tok.outputs):
+            if o.WhichOneof("embedding") == "dense" and len(o.dense.shape) == 2:
+                width = o.dense.shape[1]
+                for r in range(o.dense.shape[0]):
+                    row = o.dense.values[r * width:(r + 1) * width]
+                    norm = math.sqrt(sum(v * v for v in row))
+                    expect(abs(norm - 1.0) < 1e-3, f"TOKEN output {i} row {r}: L2 norm {norm:.5f} with "
+                           "normalize=true (normalization applies to each token's vector)")
     try:
         _, raw = await _embed(ctx, cap, "embraw", normalize=False)
     except grpc.aio.AioRpcError as exc:
@@ -171,6 +183,68 @@ async def embed_dimensions(ctx):
     req, resp = await _embed(ctx, cap, "embdim", dimensions=2, granularity=T.TASK_OUTPUT_GRANULARITY_SEQUENCE)
     for i, o in enumerate(resp.outputs):
         _embedding(o, f"Embed dimensions=2 output {i}", 2)
+
+
+@check("tasks.embed_normalize_false_reduced",
+       "advertised tasks.embed supports_normalization and supports_dimension_override")
+async def embed_normalize_false_reduced(ctx):
+    """"An explicit ... normalization ... request must be implemented exactly"; "dimensions ... requests
+    dimensionality reduction": normalize=false asks for the vectors without normalization, so a reduced
+    vector (dimensions=2) that is unit length for every input was normalized after the reduction, against
+    the request. (Without a reduction a client cannot tell an ignored normalize=false from a model whose
+    own vectors are unit length; a reduction of unit vectors is not unit length unless renormalized.)"""
+    cap = require_task(ctx, "embed")
+    if not (cap.supports_normalization and cap.supports_dimension_override):
+        raise Skip("needs both supports_normalization and supports_dimension_override")
+    if cap.HasField("dimension") and cap.dimension <= 2:
+        raise Skip(f"the native dimension {cap.dimension} leaves nothing to reduce")
+    inputs = [task_input(ctx, cap, f"item-{i}", text) for i, text in enumerate(TEXTS + ["A third input, longer "
+                                                                                      "than the other two."])]
+    req = embedding_pb2.EmbedRequest(context=task_context(ctx, "embraw2"), inputs=inputs,
+                                     options=embedding_pb2.EmbedOptions(normalize=False, dimensions=2,
+                                                                        granularity=T.TASK_OUTPUT_GRANULARITY_SEQUENCE))
+    try:
+        resp = await ctx.stub.Embed(req, timeout=ctx.options.check_timeout_s)
+    except grpc.aio.AioRpcError as exc:
+        expect(exc.code() == C.INVALID_ARGUMENT,
+               f"normalize=false with dimensions=2 failed with {exc.code().name}: {exc.details()}")
+        return
+    norms = []
+    for i, o in enumerate(resp.outputs):
+        _embedding(o, f"Embed normalize=false dimensions=2 output {i}", 2)
+        values = _dense_values(o)
+        norms.append(math.sqrt(sum(v * v for v in values)))
+    expect(not all(abs(n - 1.0) < 1e-6 for n in norms),
+           f"normalize=false with dimensions=2 gave unit-length vectors for every input (norms {norms}): the "
+           "reduced vectors were normalized although normalize=false was asked")
+
+
+def _dense_values(o) -> list[float]:
+    """An embedding's values as a dense list (a sparse tensor filled in)."""
+    if o.WhichOneof("embedding") == "dense":
+        return list(o.dense.values)
+    out = [0.0] * math.prod(o.sparse.shape)
+    for k, v in zip(o.sparse.indices, o.sparse.values, strict=True):
+        out[k] = v
+    return out
+
+
+@check("tasks.embed_encodings_agree", "advertised tasks.embed encodings DENSE and SPARSE")
+async def embed_encodings_agree(ctx):
+    """An encoding chooses the representation, not the values: "An explicit ... encoding request must be
+    implemented exactly", so the SPARSE answer filled in is the DENSE answer of the same request (same shape,
+    same values within 1e-4)."""
+    cap = require_task(ctx, "embed")
+    if not {T.EMBEDDING_ENCODING_DENSE, T.EMBEDDING_ENCODING_SPARSE} <= set(cap.encodings):
+        raise Skip("DENSE and SPARSE are not both advertised")
+    _, dense = await _embed(ctx, cap, "embdense", encoding=T.EMBEDDING_ENCODING_DENSE)
+    _, sparse = await _embed(ctx, cap, "embsparse", encoding=T.EMBEDDING_ENCODING_SPARSE)
+    for i, (a, b) in enumerate(zip(dense.outputs, sparse.outputs, strict=True)):
+        expect(list(a.dense.shape) == list(b.sparse.shape),
+               f"output {i}: DENSE shape {list(a.dense.shape)} != SPARSE shape {list(b.sparse.shape)}")
+        va, vb = _dense_values(a), _dense_values(b)
+        worst = max((abs(x - y) for x, y in zip(va, vb, strict=True)), default=0.0)
+        expect(worst < 1e-4, f"output {i}: the SPARSE values differ from the DENSE ones by up to {worst:.5f}")
 
 
 # shared rejections ---------------------------------------------------------------------------------------
@@ -256,10 +330,33 @@ def _classification(o, what):
         expect(len(o.labels) == o.scores.shape[-1], f"{what}: {len(o.labels)} labels for {o.scores.shape[-1]} classes")
     if rank == 2 and list(o.token_ids):
         expect(len(o.token_ids) == o.scores.shape[0], f"{what}: token_ids not aligned with rows")
-    if o.semantics == T.TASK_VALUE_SEMANTICS_PROBABILITIES:
-        expect(all(-1e-6 <= v <= 1 + 1e-6 for v in o.scores.values), f"{what}: a probability outside [0, 1]")
-    if o.semantics == T.TASK_VALUE_SEMANTICS_LOG_PROBABILITIES:
-        expect(all(v <= 1e-6 for v in o.scores.values), f"{what}: a log-probability above 0")
+    value_range(o.scores.values, o.semantics, what)
+
+
+def value_range(values, semantics, what: str) -> None:
+    """What a value semantics admits: probabilities lie in [0, 1], log-probabilities are at most 0."""
+    if semantics == T.TASK_VALUE_SEMANTICS_PROBABILITIES:
+        expect(all(-1e-6 <= v <= 1 + 1e-6 for v in values), f"{what}: a probability outside [0, 1]")
+    if semantics == T.TASK_VALUE_SEMANTICS_LOG_PROBABILITIES:
+        expect(all(v <= 1e-6 for v in values), f"{what}: a log-probability above 0")
+
+
+def softmax(values) -> list[float]:
+    top = max(values)
+    e = [math.exp(v - top) for v in values]
+    return [v / sum(e) for v in e]
+
+
+def _sigmoid(values) -> list[float]:
+    return [1.0 / (1.0 + math.exp(-v)) if v >= -700 else 0.0 for v in values]
+
+
+def close(a, b, tol: float) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= tol for x, y in zip(a, b, strict=True))
+
+
+# two requests on a real engine differ run to run (CPU kernels: up to 0.2% seen); a wrong transform is far off
+TRANSFORM_TOL = 0.01
 
 
 @check("tasks.classify_basic", "advertised tasks.classify")
@@ -295,6 +392,41 @@ async def classify_semantics(ctx):
     if bad is not None:
         await ctx.rejected(_classify(ctx, cap, "clsgran", granularity=bad), C.INVALID_ARGUMENT,
                            what=f"Classify granularity {T.TaskOutputGranularity.Name(bad)} (not advertised)")
+
+
+@check("tasks.classify_semantics_agree", "advertised tasks.classify LOGITS and PROBABILITIES (or LOG_PROBABILITIES)")
+async def classify_semantics_agree(ctx):
+    """"An explicit value must be supported" and is implemented exactly, so the semantics describe one
+    classification: PROBABILITIES are the softmax (single-label) or the sigmoid (multi-label) of the LOGITS,
+    and LOG_PROBABILITIES their logarithm (within 0.01: two requests on a real engine differ slightly)."""
+    cap = require_task(ctx, "classify")
+    wanted = [T.TASK_VALUE_SEMANTICS_LOGITS, T.TASK_VALUE_SEMANTICS_PROBABILITIES,
+              T.TASK_VALUE_SEMANTICS_LOG_PROBABILITIES]
+    have = [sem for sem in wanted if sem in cap.semantics]
+    if len(have) < 2:
+        raise Skip("fewer than two of LOGITS, PROBABILITIES, LOG_PROBABILITIES are advertised")
+    answers = {}
+    for sem in have:
+        _, resp = await _classify(ctx, cap, "clsagree", output_semantics=sem,
+                                  granularity=T.TASK_OUTPUT_GRANULARITY_SEQUENCE
+                                  if T.TASK_OUTPUT_GRANULARITY_SEQUENCE in cap.granularities else 0)
+        answers[sem] = [list(o.scores.values) for o in resp.outputs]
+    for i in range(len(TEXTS)):
+        probs = {}
+        if T.TASK_VALUE_SEMANTICS_PROBABILITIES in answers:
+            probs["PROBABILITIES"] = answers[T.TASK_VALUE_SEMANTICS_PROBABILITIES][i]
+        if T.TASK_VALUE_SEMANTICS_LOG_PROBABILITIES in answers:
+            logp = answers[T.TASK_VALUE_SEMANTICS_LOG_PROBABILITIES][i]
+            probs["exp(LOG_PROBABILITIES)"] = [math.exp(v) for v in logp]
+        if T.TASK_VALUE_SEMANTICS_LOGITS in answers:
+            logits = answers[T.TASK_VALUE_SEMANTICS_LOGITS][i]
+            for name, p in probs.items():
+                expect(close(p, softmax(logits), TRANSFORM_TOL) or close(p, _sigmoid(logits), TRANSFORM_TOL),
+                       f"output {i}: {name} {[round(v, 4) for v in p]} is neither softmax nor sigmoid of LOGITS "
+                       f"{[round(v, 4) for v in logits]}: one of the semantics is not implemented exactly")
+        elif len(probs) == 2:
+            a, b = probs.values()
+            expect(close(a, b, TRANSFORM_TOL), f"output {i}: PROBABILITIES {a} != exp(LOG_PROBABILITIES) {b}")
 
 
 # Score --------------------------------------------------------------------------------------------------
@@ -337,6 +469,7 @@ def _check_score(req, resp, width=None):
             expect(co.HasField("candidate_index") and co.candidate_index == ci,
                    f"{what}: candidate_index missing or wrong")
             check_dense(co.scores, what)
+            value_range(co.scores.values, resp.semantics, what)
             if width is not None and resp.granularity == T.TASK_OUTPUT_GRANULARITY_SEQUENCE:
                 expect(list(co.scores.shape) == [width], f"{what}: shape {list(co.scores.shape)}, expected [{width}]")
     check_usage(resp.usage)
@@ -372,6 +505,10 @@ async def score_label_tokens(ctx):
 
 
 async def _normalizations(ctx, cap, labels: list[int], what: str) -> None:
+    """Each normalization honoured or refused; on label-token scoring SOFTMAX is the softmax of the NONE vector
+    ("NONE requests native unnormalized values, and SOFTMAX requests normalization across each returned label
+    vector": one is the other normalized, whatever the native values are, logits or log-probabilities)."""
+    answers = {}
     for norm in (T.SCORE_NORMALIZATION_NONE, T.SCORE_NORMALIZATION_SOFTMAX):
         name = T.ScoreNormalization.Name(norm)
         if norm in cap.normalizations:
@@ -388,9 +525,15 @@ async def _normalizations(ctx, cap, labels: list[int], what: str) -> None:
                     for c in g.candidates:
                         total = sum(c.scores.values)
                         expect(abs(total - 1.0) < 1e-3, f"{what}: SOFTMAX label vector sums to {total}")
+            answers[norm] = [list(c.scores.values) for g in resp.groups for c in g.candidates]
         else:
             await ctx.rejected(_score(ctx, cap, "norm", normalization=norm, label_token_ids=labels),
                                C.INVALID_ARGUMENT, what=f"{what} {name} (not advertised)")
+    if labels and len(answers) == 2:
+        for k, (native, normed) in enumerate(zip(*answers.values(), strict=True)):
+            expect(close(normed, softmax(native), TRANSFORM_TOL),
+                   f"{what}: candidate {k}: SOFTMAX {[round(v, 4) for v in normed]} is not the softmax of NONE "
+                   f"{[round(v, 4) for v in native]} (NONE must be the native unnormalized values)")
 
 
 @check("tasks.score_normalizations", "advertised tasks.score normalizations (others rejected)")
