@@ -966,7 +966,7 @@ def _():
 
 
 @mutant("tasks.embed_normalize_false_ignored", "an explicit normalize request is implemented exactly "
-        "(normalize=false here still normalizes)")
+        "(normalize=false here still normalizes)", smoke="tasks.embed_normalize_false_reduced")
 def _():
     original = fake_class().embed
 
@@ -1361,7 +1361,7 @@ def _():
 
 
 @mutant("v0_1.health_check_states_untranslated", "v0.1.0 HealthState numbering holds for each HealthCheck too "
-        "(here only the overall state is renumbered)")
+        "(here only the overall state is renumbered)", smoke="v0_1.health_states")
 def _():
     _, _, translate = _v01()
     from openengine_adapters.v0_1 import lifecycle_pb2
