@@ -56,10 +56,10 @@ OTHER_ROLE = {1: 2, 2: 3, 3: 2}  # AGGREGATED -> PREFILL, PREFILL -> DECODE, DEC
 
 @check("lifecycle.health_expected_role", "always")
 async def health_expected_role(ctx):
-    """HealthRequest.role is the "expected role for role-specific" queries, and "Engines must validate
-    role/request compatibility": asked for its own role the server answers as usual; asked for another
-    role it is not ready for that role's work (not READY or DEGRADED), in a defined state (never
-    UNSPECIFIED), and no check is UNSPECIFIED."""
+    """Health and abort: HealthRequest.role is the "expected role for role-specific" queries; Server identity ... and
+    engine roles: "Engines must validate role/request compatibility": asked for its own role the server answers
+    as usual; asked for another role it is not ready for that role's work (not READY or DEGRADED), in a defined
+    state (never UNSPECIFIED), and no check is UNSPECIFIED."""
     own = await ctx.stub.Health(L.HealthRequest(role=ctx.role), timeout=30)
     expect(own.state in SERVING, f"Health(role={ctx.role_name}) of a {ctx.role_name} server is "
            f"{L.HealthState.Name(own.state)}")
@@ -79,10 +79,11 @@ async def health_expected_role(ctx):
 
 @check("lifecycle.load_matches_capacity", "total_kv_blocks reported by GetLoad and the model's capacity")
 async def load_matches_capacity(ctx):
-    """One count, two answers: LoadInfo.total_kv_blocks and the configured total (revision 1:
-    ModelInfo.total_kv_blocks; v0.1.0: "total_kv_blocks is the allocatable block count in the server's
-    reporting scope" of ServerInfo.capacity, "Dynamic and per-rank utilization remains in LoadInfo") are the
-    same number of blocks when both are reported, and used_kv_blocks never exceeds it."""
+    """One count, two answers: LoadInfo.total_kv_blocks (Runtime observability) and the configured total (revision 1:
+    ModelInfo.total_kv_blocks; v0.1.0, Server identity, deployment capacity: "total_kv_blocks is the allocatable
+    block count in the server's reporting scope" of ServerInfo.capacity, "Dynamic and per-rank utilization
+    remains in LoadInfo") are the same number of blocks when both are reported, and used_kv_blocks never exceeds
+    it."""
     load = await ctx.stub.GetLoad(observability_pb2.GetLoadRequest(), timeout=30)
     mi = ctx.mi()
     where = "ServerInfo.capacity" if ctx.options.contract == "v0.1.0" else "ModelInfo"

@@ -188,11 +188,12 @@ async def embed_dimensions(ctx):
 @check("tasks.embed_normalize_false_reduced",
        "advertised tasks.embed supports_normalization and supports_dimension_override")
 async def embed_normalize_false_reduced(ctx):
-    """"An explicit ... normalization ... request must be implemented exactly"; "dimensions ... requests
-    dimensionality reduction": normalize=false asks for the vectors without normalization, so a reduced
-    vector (dimensions=2) that is unit length for every input was normalized after the reduction, against
-    the request. (Without a reduction a client cannot tell an ignored normalize=false from a model whose
-    own vectors are unit length; a reduction of unit vectors is not unit length unless renormalized.)"""
+    """Revision 1, Non-generative task API: "An explicit ... normalization ... request must be implemented exactly";
+    "dimensions ... requests dimensionality reduction": normalize=false asks for the vectors without
+    normalization, so a reduced vector (dimensions=2) that is unit length for every input was normalized after
+    the reduction, against the request. (Without a reduction a client cannot tell an ignored normalize=false
+    from a model whose own vectors are unit length; a reduction of unit vectors is not unit length unless
+    renormalized.)"""
     cap = require_task(ctx, "embed")
     if not (cap.supports_normalization and cap.supports_dimension_override):
         raise Skip("needs both supports_normalization and supports_dimension_override")
@@ -231,9 +232,9 @@ def _dense_values(o) -> list[float]:
 
 @check("tasks.embed_encodings_agree", "advertised tasks.embed encodings DENSE and SPARSE")
 async def embed_encodings_agree(ctx):
-    """An encoding chooses the representation, not the values: "An explicit ... encoding request must be
-    implemented exactly", so the SPARSE answer filled in is the DENSE answer of the same request (same shape,
-    same values within 1e-4)."""
+    """An encoding chooses the representation, not the values (revision 1, Non-generative task API: "An explicit ...
+    encoding request must be implemented exactly"), so the SPARSE answer filled in is the DENSE answer of the
+    same request (same shape, same values within 1e-4)."""
     cap = require_task(ctx, "embed")
     if not {T.EMBEDDING_ENCODING_DENSE, T.EMBEDDING_ENCODING_SPARSE} <= set(cap.encodings):
         raise Skip("DENSE and SPARSE are not both advertised")
@@ -396,9 +397,10 @@ async def classify_semantics(ctx):
 
 @check("tasks.classify_semantics_agree", "advertised tasks.classify LOGITS and PROBABILITIES (or LOG_PROBABILITIES)")
 async def classify_semantics_agree(ctx):
-    """"An explicit value must be supported" and is implemented exactly, so the semantics describe one
-    classification: PROBABILITIES are the softmax (single-label) or the sigmoid (multi-label) of the LOGITS,
-    and LOG_PROBABILITIES their logarithm (within 0.01: two requests on a real engine differ slightly)."""
+    """Revision 1, Non-generative task API: "An explicit value must be supported" and is implemented exactly, so the
+    semantics describe one classification: PROBABILITIES are the softmax (single-label) or the sigmoid
+    (multi-label) of the LOGITS, and LOG_PROBABILITIES their logarithm (within 0.01: two requests on a real
+    engine differ slightly)."""
     cap = require_task(ctx, "classify")
     wanted = [T.TASK_VALUE_SEMANTICS_LOGITS, T.TASK_VALUE_SEMANTICS_PROBABILITIES,
               T.TASK_VALUE_SEMANTICS_LOG_PROBABILITIES]
@@ -506,8 +508,9 @@ async def score_label_tokens(ctx):
 
 async def _normalizations(ctx, cap, labels: list[int], what: str) -> None:
     """Each normalization honoured or refused; on label-token scoring SOFTMAX is the softmax of the NONE vector
-    ("NONE requests native unnormalized values, and SOFTMAX requests normalization across each returned label
-    vector": one is the other normalized, whatever the native values are, logits or log-probabilities)."""
+    (revision 1, Non-generative task API: "NONE requests native unnormalized values, and SOFTMAX requests
+    normalization across each returned label vector": one is the other normalized, whatever the native values
+    are, logits or log- probabilities)."""
     answers = {}
     for norm in (T.SCORE_NORMALIZATION_NONE, T.SCORE_NORMALIZATION_SOFTMAX):
         name = T.ScoreNormalization.Name(norm)

@@ -87,10 +87,10 @@ OTHER_ROLE = {1: 2, 2: 3, 3: 2}  # AGGREGATED -> PREFILL, PREFILL -> DECODE, DEC
 
 @check("v0_1.health_states", "contract v0.1.0")
 async def health_states(ctx):
-    """v0.1.0's HealthState has no DRAINING, so "HEALTH_STATE_NOT_READY = 4": every state a v0.1.0 Health
-    answers, overall and per check, is a v0.1.0 value (revision 1's NOT_READY 5 is none; a client reads it
-    as UNSPECIFIED), for a plain query, one for the server's own role and a role-specific query for another
-    role, which answers NOT_READY."""
+    """Health and abort, as released: v0.1.0's HealthState has no DRAINING, so "HEALTH_STATE_NOT_READY = 4": every
+    state a v0.1.0 Health answers, overall and per check, is a v0.1.0 value (revision 1's NOT_READY 5 is none; a
+    client reads it as UNSPECIFIED), for a plain query, one for the server's own role and a role-specific query
+    for another role, which answers NOT_READY."""
     _, control = _v0_1(ctx)
     other = OTHER_ROLE.get(ctx.role, 0)
     for what, req in (("Health()", lifecycle_pb2.HealthRequest()),
@@ -122,9 +122,10 @@ def _undefined_fields(msg, path: str = "") -> list[str]:
 
 @check("v0_1.discovery_shapes", "contract v0.1.0")
 async def discovery_shapes(ctx):
-    """ServerInfo, ModelInfo, LoadInfo and HealthResponse are v0.1.0's messages: no field v0.1.0 does not
-    define. In particular "KV layout and scheduler capacity are reported once through ServerInfo.capacity,
-    not repeated as model identity" (revision 1's ModelInfo fields 6-9), and ModelInfo has no tasks (27)."""
+    """ServerInfo, ModelInfo, LoadInfo and HealthResponse are v0.1.0's messages: no field v0.1.0 does not define. In
+    particular (Model identity and capabilities) "KV layout and scheduler capacity are reported once through
+    ServerInfo.capacity, not repeated as model identity" (revision 1's ModelInfo fields 6-9), and ModelInfo has
+    no tasks (27)."""
     _, control = _v0_1(ctx)
     t = ctx.options.check_timeout_s
     answers = {"ServerInfo": await control.GetServerInfo(server_pb2.GetServerInfoRequest(), timeout=t),
@@ -140,9 +141,9 @@ async def discovery_shapes(ctx):
 
 @check("v0_1.metadata.control_ignores_admission_keys", "contract v0.1.0")
 async def control_ignores_admission_keys(ctx):
-    """"Routing and admission keys apply only to Inference RPCs": Control RPCs carrying them (even values an
-    Inference RPC would refuse, as a client that attaches one metadata set to every call sends them) are
-    answered as without them."""
+    """gRPC request metadata: "Routing and admission keys apply only to Inference RPCs": Control RPCs carrying them
+    (even values an Inference RPC would refuse, as a client that attaches one metadata set to every call sends
+    them) are answered as without them."""
     _, control = _v0_1(ctx)
     md = (("openengine-priority", "high"), ("openengine-target-dp-rank", "-1"), ("openengine-routing-key", "r"))
     t = ctx.options.check_timeout_s
