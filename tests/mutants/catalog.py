@@ -625,7 +625,10 @@ def _():
     patch_method(_core().EngineService, "Abort", make)
 
 
-@mutant("lifecycle.abort_is_a_no_op", "Abort(request_id) stops the request: its outputs end CANCELLED")
+@mutant("lifecycle.abort_is_a_no_op", "Abort(request_id) stops the request: its outputs end CANCELLED",
+        invisible="the engine ignores the abort, and the core's abort confirmation (ABORT_CONFIRM_S) then ends the "
+                  "stream itself with CANCELLED finishes and releases the request: a client sees the rule kept, "
+                  "2 s late, and the contract sets no deadline on an abort")
 def _():
     async def abort(self, request_ids):
         self.aborted.extend(request_ids)
