@@ -548,14 +548,16 @@ def _():
     wrap_parse_generate(after=after)
 
 
-@mutant("validate.priority_ignored", "priority: larger values have higher scheduling priority (here dropped)")
+@mutant("validate.priority_ignored", "priority: larger values have higher scheduling priority (here dropped)",
+        needs="--serial-request-metadata")
 def _():
     def after(params, req, card):
         return dataclasses.replace(params, priority=None)
     wrap_parse_generate(after=after)
 
 
-@mutant("validate.priority_inverted", "priority: larger values have higher scheduling priority (here lower)")
+@mutant("validate.priority_inverted", "priority: larger values have higher scheduling priority (here lower)",
+        needs="--serial-request-metadata")
 def _():
     def after(params, req, card):
         return dataclasses.replace(params, priority=None if params.priority is None else -params.priority)
@@ -1173,7 +1175,7 @@ def _():
 
 
 @mutant("v0_1.priority_metadata_dropped", "openengine-priority: higher values have higher priority (the key is "
-        "dropped at the boundary)")
+        "dropped at the boundary)", needs="--serial-request-metadata")
 def _():
     _, servicers, translate = _v01()
     original = translate.generate_request
@@ -1195,7 +1197,7 @@ def _():
 
 
 @mutant("v0_1.internal_code_not_renumbered", "v0.1.0 ErrorCode: INTERNAL = 11 (revision 1's 12 is no v0.1.0 value)",
-        smoke="v0_1.error_event")
+        smoke="v0_1.error_event", needs="--fail-request-metadata")
 def _():
     _, _, translate = _v01()
     translate.ERROR_CODE[12] = 12
@@ -1274,7 +1276,7 @@ def _():
 
 
 @mutant("v0_1.application_metadata_dropped", "application-specific metadata keys reach the engine as request "
-        "metadata")
+        "metadata", needs="--fail-request-metadata")
 def _():
     _, _, translate = _v01()
     original = translate.generate_request
