@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     if args.list:
-        from conformance.registry import all_checks
+        from conformance.checks import all_checks
 
         for c in all_checks():
             print(f"{c.name:45} {'[destructive] ' if c.destructive else ''}{c.requires}", flush=True)

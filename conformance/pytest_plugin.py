@@ -15,8 +15,9 @@ import asyncio
 
 import pytest
 
+from conformance.checks import all_checks
 from conformance.context import Options
-from conformance.registry import Check, all_checks
+from conformance.registry import Check
 from conformance.report import FAIL, SKIP
 from conformance.runner import Suite, select
 

@@ -57,12 +57,3 @@ def check(name: str, requires: str = "always", destructive: bool = False, order:
         return func
 
     return register
-
-
-def all_checks() -> list[Check]:
-    from conformance import checks  # noqa: F401 - importing registers every domain module
-
-    indexed = list(enumerate(REGISTRY))
-    domains = {d: i for i, d in enumerate(DOMAINS)}
-    indexed.sort(key=lambda p: (p[1].destructive, p[1].order, domains.get(p[1].domain, len(domains)), p[0]))
-    return [c for _, c in indexed]

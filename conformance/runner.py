@@ -9,8 +9,9 @@ import traceback
 
 import grpc
 
+from conformance.checks import all_checks
 from conformance.context import Ctx, Options
-from conformance.registry import Check, Skip, all_checks
+from conformance.registry import Check, Skip
 from conformance.report import FAIL, PASS, SKIP, Report, Result
 from openengine_adapters.wire.v0_1.stub import NotOnSurface
 

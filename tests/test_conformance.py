@@ -16,7 +16,7 @@ import pytest
 from fake_backend import FakeBackend, default_card
 
 from conformance import run_suite_async
-from conformance.registry import all_checks
+from conformance.checks import all_checks
 from openengine_adapters.server import OpenEngineServer, ServerConfig
 from openengine_adapters.types import EngineRole, GuidedMode
 

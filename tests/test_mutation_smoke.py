@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent / "mutants"))
 import run as mutation  # noqa: E402
 from catalog import MUTANTS  # noqa: E402
 
-from conformance.registry import all_checks  # noqa: E402
+from conformance.checks import all_checks  # noqa: E402
 
 CHECK_NAMES = [c.name for c in all_checks()]
 
@@ -38,3 +38,13 @@ def test_smoke_mutants_are_killed():
     assert not survivors, f"mutants the suite no longer kills: {survivors}"
     for r in result["results"]:  # killed by the check named for it, not by accident
         assert any(fnmatch.fnmatchcase(f.split(":", 1)[1], MUTANTS[r["name"]].smoke) for f in r["failed_checks"]), r
+
+
+def test_a_mutant_only_a_hook_reveals_is_expected_to_survive_only_without_hooks():
+    failing = MUTANTS["stream.engine_failure_after_tokens_silent"]
+    assert failing.needs == "--fail-request-metadata"
+    assert mutation.expected_survival(failing, hooks=True) == ""
+    assert "--fail-request-metadata" in mutation.expected_survival(failing, hooks=False)
+    assert mutation.expected_survival(MUTANTS["stream.second_finish"], hooks=False) == ""
+    assert "--fail-request-metadata" not in mutation.suite_flags("/tmp/lora", hooks=False)
+    assert "--fail-request-metadata" in mutation.suite_flags("/tmp/lora", hooks=True)

@@ -6,7 +6,8 @@ import asyncio
 
 import grpc
 
-from conformance.context import G
+from conformance.checks.task_calls import batch_request, task_capability
+from conformance.context import ROLE_NAMES, G
 from conformance.registry import CheckFailed, Skip, check, expect
 from openengine_adapters.v1 import kv_pb2, observability_pb2
 from openengine_adapters.v1 import lifecycle_pb2 as L
@@ -48,6 +49,53 @@ async def get_load(ctx):
     if ctx.engine_info.instance_id and load.instance_id:
         expect(load.instance_id == ctx.engine_info.instance_id,
                f"LoadInfo.instance_id {load.instance_id!r} != EngineInfo.instance_id {ctx.engine_info.instance_id!r}")
+
+
+OTHER_ROLE = {1: 2, 2: 3, 3: 2}  # AGGREGATED -> PREFILL, PREFILL -> DECODE, DECODE -> PREFILL
+
+
+@check("lifecycle.health_expected_role", "always")
+async def health_expected_role(ctx):
+    """Health and abort: HealthRequest.role is the "expected role for role-specific" queries; Server identity ... and
+    engine roles: "Engines must validate role/request compatibility": asked for its own role the server answers
+    as usual; asked for another role it is not ready for that role's work (not READY or DEGRADED), in a defined
+    state (never UNSPECIFIED), and no check is UNSPECIFIED."""
+    own = await ctx.stub.Health(L.HealthRequest(role=ctx.role), timeout=30)
+    expect(own.state in SERVING, f"Health(role={ctx.role_name}) of a {ctx.role_name} server is "
+           f"{L.HealthState.Name(own.state)}")
+    other = OTHER_ROLE.get(ctx.role)
+    if other is None:
+        raise Skip(f"role {ctx.role_name}")
+    h = await ctx.stub.Health(L.HealthRequest(role=other), timeout=30)
+    name = ROLE_NAMES.get(other, str(other))
+    expect(h.state != L.HEALTH_STATE_UNSPECIFIED,
+           f"Health(role={name}) of a {ctx.role_name} server answered an undefined state (UNSPECIFIED or a value "
+           "this contract does not define)")
+    expect(h.state not in SERVING, f"Health(role={name}) of a {ctx.role_name} server is "
+           f"{L.HealthState.Name(h.state)}: it cannot serve {name} requests")
+    for c in h.checks:
+        expect(c.state != L.HEALTH_STATE_UNSPECIFIED, f"Health(role={name}): check {c.name!r} has an undefined state")
+
+
+@check("lifecycle.load_matches_capacity", "total_kv_blocks reported by GetLoad and the model's capacity")
+async def load_matches_capacity(ctx):
+    """One count, two answers: LoadInfo.total_kv_blocks (Runtime observability) and the configured total (revision 1:
+    ModelInfo.total_kv_blocks; v0.1.0, Server identity, deployment capacity: "total_kv_blocks is the allocatable
+    block count in the server's reporting scope" of ServerInfo.capacity, "Dynamic and per-rank utilization
+    remains in LoadInfo") are the same number of blocks when both are reported, and used_kv_blocks never exceeds
+    it."""
+    load = await ctx.stub.GetLoad(observability_pb2.GetLoadRequest(), timeout=30)
+    mi = ctx.mi()
+    where = "ServerInfo.capacity" if ctx.options.contract == "v0.1.0" else "ModelInfo"
+    if not (load.HasField("total_kv_blocks") and mi.HasField("total_kv_blocks")):
+        raise Skip(f"total_kv_blocks is not reported by both GetLoad and {where}")
+    expect(load.total_kv_blocks == mi.total_kv_blocks,
+           f"LoadInfo.total_kv_blocks {load.total_kv_blocks} != {where}.total_kv_blocks {mi.total_kv_blocks}"
+           + (f" (= {mi.total_kv_blocks // mi.kv_block_size} x kv_block_size {mi.kv_block_size}: tokens, not blocks?)"
+              if mi.kv_block_size and mi.total_kv_blocks == load.total_kv_blocks * mi.kv_block_size else ""))
+    if load.HasField("used_kv_blocks"):
+        expect(load.used_kv_blocks <= mi.total_kv_blocks,
+               f"LoadInfo.used_kv_blocks {load.used_kv_blocks} > {where}.total_kv_blocks {mi.total_kv_blocks}")
 
 
 @check("lifecycle.abort_unknown_not_found", "always")
@@ -247,12 +295,10 @@ async def drain(ctx):
     if ctx.role not in (2, 3) and ctx.generates():
         await ctx.gen_rejected(ctx.request("afterdrain", max_tokens=2), *codes, what="Generate after Drain")
     # stop_accepting_new_requests covers every inference RPC, Embed/Classify/Score included
-    from conformance.checks import tasks
-
     for task in ("embed", "classify", "score"):
-        cap = tasks._cap(ctx, task)
+        cap = task_capability(ctx, task)
         if cap is not None:
-            await ctx.rejected(tasks._batch_request(ctx, task, cap, "afterdrain"), *codes,
+            await ctx.rejected(batch_request(ctx, task, cap, "afterdrain"), *codes,
                                what=f"{task} after Drain")
 
 

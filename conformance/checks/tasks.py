@@ -6,38 +6,22 @@ import math
 
 import grpc
 
+from conformance.checks.task_calls import (
+    TEXTS,
+    batch_request,
+    native_score,
+    require_task,
+    score_options,
+    task_capability,
+    task_context,
+    task_input,
+)
 from conformance.context import finite
 from conformance.registry import CheckFailed, Skip, check, expect
-from openengine_adapters.v1 import classification_pb2, embedding_pb2, input_pb2, scoring_pb2, tasks_pb2
+from openengine_adapters.v1 import classification_pb2, embedding_pb2, scoring_pb2, tasks_pb2
 
 C = grpc.StatusCode
 T = tasks_pb2
-TEXTS = ["The first input.", "A second, different input text."]
-
-
-def _cap(ctx, task: str):
-    mi = ctx.mi()
-    cap = getattr(mi.tasks, task) if mi.HasField("tasks") else None
-    return cap if cap is not None and cap.supported else None
-
-
-def _require(ctx, task: str):
-    cap = _cap(ctx, task)
-    if cap is None:
-        raise Skip(f"{task} not advertised")
-    return cap
-
-
-def _input(ctx, cap, item_id: str, text: str) -> T.TaskInput:
-    if not list(cap.input_types) or T.TASK_INPUT_TYPE_TEXT in cap.input_types:
-        return T.TaskInput(item_id=item_id, text=text)
-    if T.TASK_INPUT_TYPE_TOKEN_IDS in cap.input_types:
-        return T.TaskInput(item_id=item_id, token_ids=input_pb2.TokenIds(ids=[1 + (ord(c) % 50) for c in text[:8]]))
-    raise Skip("the task takes neither text nor token-id input")
-
-
-def _context(ctx, tag: str, **kw) -> T.TaskRequestContext:
-    return T.TaskRequestContext(request_id=ctx.rid(tag), model=ctx.model, **kw)
 
 
 def check_dense(t: T.DenseFloatTensor, what: str) -> None:
@@ -87,8 +71,8 @@ def _embedding(o, what, dim=None) -> None:
 
 
 async def _embed(ctx, cap, tag, **opts):
-    inputs = [_input(ctx, cap, f"item-{i}", text) for i, text in enumerate(TEXTS)]
-    req = embedding_pb2.EmbedRequest(context=_context(ctx, tag), inputs=inputs,
+    inputs = [task_input(ctx, cap, f"item-{i}", text) for i, text in enumerate(TEXTS)]
+    req = embedding_pb2.EmbedRequest(context=task_context(ctx, tag), inputs=inputs,
                                      options=embedding_pb2.EmbedOptions(**opts))
     return req, await ctx.stub.Embed(req, timeout=ctx.options.check_timeout_s)
 
@@ -98,7 +82,7 @@ async def _embed(ctx, cap, tag, **opts):
 @check("tasks.embed_basic", "advertised tasks.embed")
 async def embed_basic(ctx):
     """Default Embed: one output per input in order, input_index present incl. 0, valid tensors."""
-    cap = _require(ctx, "embed")
+    cap = require_task(ctx, "embed")
     req, resp = await _embed(ctx, cap, "embed")
     expect(resp.request_id == req.context.request_id, "request_id not echoed")
     _items(resp.outputs, req.inputs, "Embed")
@@ -112,7 +96,7 @@ async def embed_basic(ctx):
 @check("tasks.embed_granularities", "advertised tasks.embed granularities (others rejected)")
 async def embed_granularities(ctx):
     """Each advertised granularity is honoured exactly; an unadvertised one is INVALID_ARGUMENT."""
-    cap = _require(ctx, "embed")
+    cap = require_task(ctx, "embed")
     for g in (T.TASK_OUTPUT_GRANULARITY_SEQUENCE, T.TASK_OUTPUT_GRANULARITY_TOKEN):
         name = T.TaskOutputGranularity.Name(g)
         if g in cap.granularities:
@@ -129,7 +113,7 @@ async def embed_granularities(ctx):
 @check("tasks.embed_encodings", "advertised tasks.embed encodings (others rejected)")
 async def embed_encodings(ctx):
     """Each advertised encoding is honoured exactly; an unadvertised one is INVALID_ARGUMENT."""
-    cap = _require(ctx, "embed")
+    cap = require_task(ctx, "embed")
     for enc, field in ((T.EMBEDDING_ENCODING_DENSE, "dense"), (T.EMBEDDING_ENCODING_SPARSE, "sparse")):
         name = T.EmbeddingEncoding.Name(enc)
         if enc in cap.encodings:
@@ -148,7 +132,7 @@ async def embed_normalize(ctx):
     rejected": normalize=true gives unit L2 norm; normalize=false gives the same direction (the vector that
     normalize=true scales), or is refused; without supports_normalization an explicit normalize is
     INVALID_ARGUMENT."""
-    cap = _require(ctx, "embed")
+    cap = require_task(ctx, "embed")
     if not cap.supports_normalization:
         await ctx.rejected(_embed(ctx, cap, "embnorm", normalize=True), C.INVALID_ARGUMENT,
                            what="Embed normalize (not advertised)")
@@ -159,6 +143,18 @@ async def embed_normalize(ctx):
         if o.WhichOneof("embedding") == "dense" and o.granularity == T.TASK_OUTPUT_GRANULARITY_SEQUENCE:
             norm = math.sqrt(sum(v * v for v in o.dense.values))
             expect(abs(norm - 1.0) < 1e-3, f"output {i}: L2 norm {norm:.5f} with normalize=true")
+    if T.TASK_OUTPUT_GRANULARITY_TOKEN in cap.granularities:  # each token's vector, not only a sequence's
+        _, tok = await _embed(ctx, cap, "embnormtok", normalize=True, granularity=T.TASK_OUTPUT_GRANULARITY_TOKEN,
+                              encoding=T.EMBEDDING_ENCODING_DENSE if T.EMBEDDING_ENCODING_DENSE in cap.encodings
+                              else T.EMBEDDING_ENCODING_UNSPECIFIED)
+        for i, o in enumerate(tok.outputs):
+            if o.WhichOneof("embedding") == "dense" and len(o.dense.shape) == 2:
+                width = o.dense.shape[1]
+                for r in range(o.dense.shape[0]):
+                    row = o.dense.values[r * width:(r + 1) * width]
+                    norm = math.sqrt(sum(v * v for v in row))
+                    expect(abs(norm - 1.0) < 1e-3, f"TOKEN output {i} row {r}: L2 norm {norm:.5f} with "
+                           "normalize=true (normalization applies to each token's vector)")
     try:
         _, raw = await _embed(ctx, cap, "embraw", normalize=False)
     except grpc.aio.AioRpcError as exc:
@@ -177,7 +173,7 @@ async def embed_normalize(ctx):
 async def embed_dimensions(ctx):
     """dimensions=k (< native) reduces the output to k values; unadvertised override is INVALID_ARGUMENT;
     dimensions=0 is INVALID_ARGUMENT."""
-    cap = _require(ctx, "embed")
+    cap = require_task(ctx, "embed")
     await ctx.rejected(_embed(ctx, cap, "embdim0", dimensions=0), C.INVALID_ARGUMENT, what="Embed dimensions 0")
     if not cap.supports_dimension_override:
         await ctx.rejected(_embed(ctx, cap, "embdim", dimensions=2), C.INVALID_ARGUMENT,
@@ -189,59 +185,95 @@ async def embed_dimensions(ctx):
         _embedding(o, f"Embed dimensions=2 output {i}", 2)
 
 
+@check("tasks.embed_normalize_false_reduced",
+       "advertised tasks.embed supports_normalization and supports_dimension_override")
+async def embed_normalize_false_reduced(ctx):
+    """Revision 1, Non-generative task API: "An explicit ... normalization ... request must be implemented exactly";
+    "dimensions ... requests dimensionality reduction": normalize=false asks for the vectors without
+    normalization, so a reduced vector (dimensions=2) that is unit length for every input was normalized after
+    the reduction, against the request. (Without a reduction a client cannot tell an ignored normalize=false
+    from a model whose own vectors are unit length; a reduction of unit vectors is not unit length unless
+    renormalized.)"""
+    cap = require_task(ctx, "embed")
+    if not (cap.supports_normalization and cap.supports_dimension_override):
+        raise Skip("needs both supports_normalization and supports_dimension_override")
+    if cap.HasField("dimension") and cap.dimension <= 2:
+        raise Skip(f"the native dimension {cap.dimension} leaves nothing to reduce")
+    inputs = [task_input(ctx, cap, f"item-{i}", text) for i, text in enumerate(TEXTS + ["A third input, longer "
+                                                                                      "than the other two."])]
+    req = embedding_pb2.EmbedRequest(context=task_context(ctx, "embraw2"), inputs=inputs,
+                                     options=embedding_pb2.EmbedOptions(normalize=False, dimensions=2,
+                                                                        granularity=T.TASK_OUTPUT_GRANULARITY_SEQUENCE))
+    try:
+        resp = await ctx.stub.Embed(req, timeout=ctx.options.check_timeout_s)
+    except grpc.aio.AioRpcError as exc:
+        expect(exc.code() == C.INVALID_ARGUMENT,
+               f"normalize=false with dimensions=2 failed with {exc.code().name}: {exc.details()}")
+        return
+    norms = []
+    for i, o in enumerate(resp.outputs):
+        _embedding(o, f"Embed normalize=false dimensions=2 output {i}", 2)
+        values = _dense_values(o)
+        norms.append(math.sqrt(sum(v * v for v in values)))
+    expect(not all(abs(n - 1.0) < 1e-6 for n in norms),
+           f"normalize=false with dimensions=2 gave unit-length vectors for every input (norms {norms}): the "
+           "reduced vectors were normalized although normalize=false was asked")
+
+
+def _dense_values(o) -> list[float]:
+    """An embedding's values as a dense list (a sparse tensor filled in)."""
+    if o.WhichOneof("embedding") == "dense":
+        return list(o.dense.values)
+    out = [0.0] * math.prod(o.sparse.shape)
+    for k, v in zip(o.sparse.indices, o.sparse.values, strict=True):
+        out[k] = v
+    return out
+
+
+@check("tasks.embed_encodings_agree", "advertised tasks.embed encodings DENSE and SPARSE")
+async def embed_encodings_agree(ctx):
+    """An encoding chooses the representation, not the values (revision 1, Non-generative task API: "An explicit ...
+    encoding request must be implemented exactly"), so the SPARSE answer filled in is the DENSE answer of the
+    same request (same shape, same values within 1e-4)."""
+    cap = require_task(ctx, "embed")
+    if not {T.EMBEDDING_ENCODING_DENSE, T.EMBEDDING_ENCODING_SPARSE} <= set(cap.encodings):
+        raise Skip("DENSE and SPARSE are not both advertised")
+    _, dense = await _embed(ctx, cap, "embdense", encoding=T.EMBEDDING_ENCODING_DENSE)
+    _, sparse = await _embed(ctx, cap, "embsparse", encoding=T.EMBEDDING_ENCODING_SPARSE)
+    for i, (a, b) in enumerate(zip(dense.outputs, sparse.outputs, strict=True)):
+        expect(list(a.dense.shape) == list(b.sparse.shape),
+               f"output {i}: DENSE shape {list(a.dense.shape)} != SPARSE shape {list(b.sparse.shape)}")
+        va, vb = _dense_values(a), _dense_values(b)
+        worst = max((abs(x - y) for x, y in zip(va, vb, strict=True)), default=0.0)
+        expect(worst < 1e-4, f"output {i}: the SPARSE values differ from the DENSE ones by up to {worst:.5f}")
+
+
 # shared rejections ---------------------------------------------------------------------------------------
-
-def _batch_request(ctx, task: str, cap, tag: str, inputs=None, **ctxkw):
-    if inputs is None:
-        inputs = [_input(ctx, cap, f"item-{i}", t) for i, t in enumerate(TEXTS)]
-    context = _context(ctx, tag, **ctxkw)
-    if task == "embed":
-        return ctx.stub.Embed(embedding_pb2.EmbedRequest(context=context, inputs=inputs),
-                              timeout=ctx.options.check_timeout_s)
-    if task == "classify":
-        return ctx.stub.Classify(classification_pb2.ClassifyRequest(context=context, inputs=inputs),
-                                 timeout=ctx.options.check_timeout_s)
-    groups = [scoring_pb2.ScoreGroup(group_id="g0", query=inputs[0], candidates=inputs[1:])] if inputs else []
-    return ctx.stub.Score(scoring_pb2.ScoreRequest(context=context, groups=groups, options=_score_opts(ctx, cap)),
-                          timeout=ctx.options.check_timeout_s)
-
-
-def _score_opts(ctx, cap) -> scoring_pb2.ScoreOptions:
-    if _native_score(cap):
-        return scoring_pb2.ScoreOptions()
-    return scoring_pb2.ScoreOptions(label_token_ids=[1, 2])
-
-
-def _native_score(cap) -> bool:
-    native = {T.TASK_VALUE_SEMANTICS_SIMILARITY, T.TASK_VALUE_SEMANTICS_RELEVANCE, T.TASK_VALUE_SEMANTICS_LOGITS,
-              T.TASK_VALUE_SEMANTICS_REWARD, T.TASK_VALUE_SEMANTICS_MODEL_DEFINED}
-    return bool(native & set(cap.semantics)) or not cap.supports_label_token_scoring
-
 
 def _rejection_checks(task: str):
     @check(f"tasks.{task}_rejects_malformed", f"advertised tasks.{task}")
     async def malformed(ctx):
         """Empty batch, duplicate item ids and a missing request_id are INVALID_ARGUMENT;
         an unknown model is NOT_FOUND."""
-        cap = _require(ctx, task)
-        await ctx.rejected(_batch_request(ctx, task, cap, "empty", inputs=[]), C.INVALID_ARGUMENT,
+        cap = require_task(ctx, task)
+        await ctx.rejected(batch_request(ctx, task, cap, "empty", inputs=[]), C.INVALID_ARGUMENT,
                            what=f"{task} with an empty batch")
-        dup = [_input(ctx, cap, "same", TEXTS[0]), _input(ctx, cap, "same", TEXTS[1])]
+        dup = [task_input(ctx, cap, "same", TEXTS[0]), task_input(ctx, cap, "same", TEXTS[1])]
         if task == "score":
-            dup = [_input(ctx, cap, "q", TEXTS[0])] + [_input(ctx, cap, "same", t) for t in TEXTS]
-        await ctx.rejected(_batch_request(ctx, task, cap, "dup", inputs=dup), C.INVALID_ARGUMENT,
+            dup = [task_input(ctx, cap, "q", TEXTS[0])] + [task_input(ctx, cap, "same", t) for t in TEXTS]
+        await ctx.rejected(batch_request(ctx, task, cap, "dup", inputs=dup), C.INVALID_ARGUMENT,
                            what=f"{task} with duplicate item ids")
-        call = _batch_request(ctx, task, cap, "noid")
+        call = batch_request(ctx, task, cap, "noid")
         await call  # warm: a valid request must work
         req_fn = {"embed": (ctx.stub.Embed, embedding_pb2.EmbedRequest),
                   "classify": (ctx.stub.Classify, classification_pb2.ClassifyRequest),
                   "score": (ctx.stub.Score, scoring_pb2.ScoreRequest)}[task]
         if task == "score":
-            msg = req_fn[1](context=T.TaskRequestContext(model=ctx.model), options=_score_opts(ctx, cap),
-                            groups=[scoring_pb2.ScoreGroup(group_id="g", query=_input(ctx, cap, "q", TEXTS[0]),
-                                                           candidates=[_input(ctx, cap, "c", TEXTS[1])])])
+            msg = req_fn[1](context=T.TaskRequestContext(model=ctx.model), options=score_options(cap),
+                            groups=[scoring_pb2.ScoreGroup(group_id="g", query=task_input(ctx, cap, "q", TEXTS[0]),
+                                                           candidates=[task_input(ctx, cap, "c", TEXTS[1])])])
         else:
-            msg = req_fn[1](context=T.TaskRequestContext(model=ctx.model), inputs=[_input(ctx, cap, "a", TEXTS[0])])
+            msg = req_fn[1](context=T.TaskRequestContext(model=ctx.model), inputs=[task_input(ctx, cap, "a", TEXTS[0])])
         await ctx.rejected(req_fn[0](msg, timeout=30), C.INVALID_ARGUMENT, what=f"{task} without request_id")
         msg.context.request_id = ctx.rid("unknownmodel")
         msg.context.model = "conformance/no-such-model"
@@ -250,15 +282,15 @@ def _rejection_checks(task: str):
     @check(f"tasks.{task}_unadvertised_options", f"advertised tasks.{task}")
     async def unadvertised(ctx):
         """priority / lora_name are INVALID_ARGUMENT when the task does not advertise them."""
-        cap = _require(ctx, task)
+        cap = require_task(ctx, task)
         tested = 0
         if not cap.supports_priority:
-            await ctx.rejected(_batch_request(ctx, task, cap, "prio", priority=1), C.INVALID_ARGUMENT,
+            await ctx.rejected(batch_request(ctx, task, cap, "prio", priority=1), C.INVALID_ARGUMENT,
                                what=f"{task} priority (not advertised)")
             ctx.reported(cap, "supports_priority", f"{task} priority")
             tested += 1
         if not cap.supports_lora:
-            await ctx.rejected(_batch_request(ctx, task, cap, "lora", lora_name="conformance-lora"),
+            await ctx.rejected(batch_request(ctx, task, cap, "lora", lora_name="conformance-lora"),
                                C.INVALID_ARGUMENT, what=f"{task} lora_name (not advertised)")
             ctx.reported(cap, "supports_lora", f"{task} lora_name")
             tested += 1
@@ -268,10 +300,10 @@ def _rejection_checks(task: str):
     @check(f"tasks.{task}_unsupported", f"tasks.{task} not advertised")
     async def unsupported(ctx):
         """A task the model does not advertise is FAILED_PRECONDITION."""
-        if _cap(ctx, task) is not None:
+        if task_capability(ctx, task) is not None:
             raise Skip(f"{task} is advertised")
         cap = T.ScoreCapabilities(input_types=[T.TASK_INPUT_TYPE_TEXT])
-        await ctx.rejected(_batch_request(ctx, task, cap, "unsup"), C.FAILED_PRECONDITION,
+        await ctx.rejected(batch_request(ctx, task, cap, "unsup"), C.FAILED_PRECONDITION,
                            what=f"{task} on a model without it")
 
 
@@ -282,8 +314,8 @@ for _task in ("embed", "classify", "score"):
 # Classify -----------------------------------------------------------------------------------------------
 
 async def _classify(ctx, cap, tag, **opts):
-    inputs = [_input(ctx, cap, f"item-{i}", t) for i, t in enumerate(TEXTS)]
-    req = classification_pb2.ClassifyRequest(context=_context(ctx, tag), inputs=inputs,
+    inputs = [task_input(ctx, cap, f"item-{i}", t) for i, t in enumerate(TEXTS)]
+    req = classification_pb2.ClassifyRequest(context=task_context(ctx, tag), inputs=inputs,
                                              options=classification_pb2.ClassifyOptions(**opts))
     return req, await ctx.stub.Classify(req, timeout=ctx.options.check_timeout_s)
 
@@ -299,16 +331,39 @@ def _classification(o, what):
         expect(len(o.labels) == o.scores.shape[-1], f"{what}: {len(o.labels)} labels for {o.scores.shape[-1]} classes")
     if rank == 2 and list(o.token_ids):
         expect(len(o.token_ids) == o.scores.shape[0], f"{what}: token_ids not aligned with rows")
-    if o.semantics == T.TASK_VALUE_SEMANTICS_PROBABILITIES:
-        expect(all(-1e-6 <= v <= 1 + 1e-6 for v in o.scores.values), f"{what}: a probability outside [0, 1]")
-    if o.semantics == T.TASK_VALUE_SEMANTICS_LOG_PROBABILITIES:
-        expect(all(v <= 1e-6 for v in o.scores.values), f"{what}: a log-probability above 0")
+    value_range(o.scores.values, o.semantics, what)
+
+
+def value_range(values, semantics, what: str) -> None:
+    """What a value semantics admits: probabilities lie in [0, 1], log-probabilities are at most 0."""
+    if semantics == T.TASK_VALUE_SEMANTICS_PROBABILITIES:
+        expect(all(-1e-6 <= v <= 1 + 1e-6 for v in values), f"{what}: a probability outside [0, 1]")
+    if semantics == T.TASK_VALUE_SEMANTICS_LOG_PROBABILITIES:
+        expect(all(v <= 1e-6 for v in values), f"{what}: a log-probability above 0")
+
+
+def softmax(values) -> list[float]:
+    top = max(values)
+    e = [math.exp(v - top) for v in values]
+    return [v / sum(e) for v in e]
+
+
+def _sigmoid(values) -> list[float]:
+    return [1.0 / (1.0 + math.exp(-v)) if v >= -700 else 0.0 for v in values]
+
+
+def close(a, b, tol: float) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= tol for x, y in zip(a, b, strict=True))
+
+
+# two requests on a real engine differ run to run (CPU kernels: up to 0.2% seen); a wrong transform is far off
+TRANSFORM_TOL = 0.01
 
 
 @check("tasks.classify_basic", "advertised tasks.classify")
 async def classify_basic(ctx):
     """Default Classify: order, input_index incl. 0, valid tensors, non-UNSPECIFIED semantics, labels aligned."""
-    cap = _require(ctx, "classify")
+    cap = require_task(ctx, "classify")
     req, resp = await _classify(ctx, cap, "cls")
     expect(resp.request_id == req.context.request_id, "request_id not echoed")
     _items(resp.outputs, req.inputs, "Classify")
@@ -320,7 +375,7 @@ async def classify_basic(ctx):
 @check("tasks.classify_semantics", "advertised tasks.classify semantics (others rejected)")
 async def classify_semantics(ctx):
     """Each advertised output_semantics is reported back exactly; an unadvertised one is INVALID_ARGUMENT."""
-    cap = _require(ctx, "classify")
+    cap = require_task(ctx, "classify")
     for sem in T.TaskValueSemantics.values():
         if sem == 0:
             continue
@@ -338,6 +393,42 @@ async def classify_semantics(ctx):
     if bad is not None:
         await ctx.rejected(_classify(ctx, cap, "clsgran", granularity=bad), C.INVALID_ARGUMENT,
                            what=f"Classify granularity {T.TaskOutputGranularity.Name(bad)} (not advertised)")
+
+
+@check("tasks.classify_semantics_agree", "advertised tasks.classify LOGITS and PROBABILITIES (or LOG_PROBABILITIES)")
+async def classify_semantics_agree(ctx):
+    """Revision 1, Non-generative task API: "An explicit value must be supported" and is implemented exactly, so the
+    semantics describe one classification: PROBABILITIES are the softmax (single-label) or the sigmoid
+    (multi-label) of the LOGITS, and LOG_PROBABILITIES their logarithm (within 0.01: two requests on a real
+    engine differ slightly)."""
+    cap = require_task(ctx, "classify")
+    wanted = [T.TASK_VALUE_SEMANTICS_LOGITS, T.TASK_VALUE_SEMANTICS_PROBABILITIES,
+              T.TASK_VALUE_SEMANTICS_LOG_PROBABILITIES]
+    have = [sem for sem in wanted if sem in cap.semantics]
+    if len(have) < 2:
+        raise Skip("fewer than two of LOGITS, PROBABILITIES, LOG_PROBABILITIES are advertised")
+    answers = {}
+    for sem in have:
+        _, resp = await _classify(ctx, cap, "clsagree", output_semantics=sem,
+                                  granularity=T.TASK_OUTPUT_GRANULARITY_SEQUENCE
+                                  if T.TASK_OUTPUT_GRANULARITY_SEQUENCE in cap.granularities else 0)
+        answers[sem] = [list(o.scores.values) for o in resp.outputs]
+    for i in range(len(TEXTS)):
+        probs = {}
+        if T.TASK_VALUE_SEMANTICS_PROBABILITIES in answers:
+            probs["PROBABILITIES"] = answers[T.TASK_VALUE_SEMANTICS_PROBABILITIES][i]
+        if T.TASK_VALUE_SEMANTICS_LOG_PROBABILITIES in answers:
+            logp = answers[T.TASK_VALUE_SEMANTICS_LOG_PROBABILITIES][i]
+            probs["exp(LOG_PROBABILITIES)"] = [math.exp(v) for v in logp]
+        if T.TASK_VALUE_SEMANTICS_LOGITS in answers:
+            logits = answers[T.TASK_VALUE_SEMANTICS_LOGITS][i]
+            for name, p in probs.items():
+                expect(close(p, softmax(logits), TRANSFORM_TOL) or close(p, _sigmoid(logits), TRANSFORM_TOL),
+                       f"output {i}: {name} {[round(v, 4) for v in p]} is neither softmax nor sigmoid of LOGITS "
+                       f"{[round(v, 4) for v in logits]}: one of the semantics is not implemented exactly")
+        elif len(probs) == 2:
+            a, b = probs.values()
+            expect(close(a, b, TRANSFORM_TOL), f"output {i}: PROBABILITIES {a} != exp(LOG_PROBABILITIES) {b}")
 
 
 # Score --------------------------------------------------------------------------------------------------
@@ -358,9 +449,10 @@ async def _score(ctx, cap, tag, **opts):
     groups = []
     for g in range(2):
         groups.append(scoring_pb2.ScoreGroup(
-            group_id=f"group-{g}", query=_input(ctx, cap, "query", f"Query number {g}?"),
-            candidates=[_input(ctx, cap, f"cand-{c}", f"Candidate {c} for query {g}.") for c in range(2)]))
-    req = scoring_pb2.ScoreRequest(context=_context(ctx, tag), groups=groups, options=scoring_pb2.ScoreOptions(**opts))
+            group_id=f"group-{g}", query=task_input(ctx, cap, "query", f"Query number {g}?"),
+            candidates=[task_input(ctx, cap, f"cand-{c}", f"Candidate {c} for query {g}.") for c in range(2)]))
+    req = scoring_pb2.ScoreRequest(context=task_context(ctx, tag), groups=groups,
+                                   options=scoring_pb2.ScoreOptions(**opts))
     return req, await ctx.stub.Score(req, timeout=ctx.options.check_timeout_s)
 
 
@@ -379,6 +471,7 @@ def _check_score(req, resp, width=None):
             expect(co.HasField("candidate_index") and co.candidate_index == ci,
                    f"{what}: candidate_index missing or wrong")
             check_dense(co.scores, what)
+            value_range(co.scores.values, resp.semantics, what)
             if width is not None and resp.granularity == T.TASK_OUTPUT_GRANULARITY_SEQUENCE:
                 expect(list(co.scores.shape) == [width], f"{what}: shape {list(co.scores.shape)}, expected [{width}]")
     check_usage(resp.usage)
@@ -387,8 +480,8 @@ def _check_score(req, resp, width=None):
 @check("tasks.score_native", "advertised tasks.score with a model-native score")
 async def score_native(ctx):
     """Native scoring (no label tokens): groups/candidates in order with present indexes incl. 0."""
-    cap = _require(ctx, "score")
-    if not _native_score(cap):
+    cap = require_task(ctx, "score")
+    if not native_score(cap):
         raise Skip("the model advertises only label-token scoring")
     req, resp = await _score(ctx, cap, "score")
     _check_score(req, resp)
@@ -399,7 +492,7 @@ async def score_native(ctx):
 async def score_label_tokens(ctx):
     """label_token_ids scoring echoes the ids in order, one value per label; duplicates are INVALID_ARGUMENT.
     Without the capability, label_token_ids is INVALID_ARGUMENT."""
-    cap = _require(ctx, "score")
+    cap = require_task(ctx, "score")
     labels = await _labels(ctx, cap)
     if not cap.supports_label_token_scoring:
         await ctx.rejected(_score(ctx, cap, "lbl", label_token_ids=labels), C.INVALID_ARGUMENT,
@@ -414,6 +507,11 @@ async def score_label_tokens(ctx):
 
 
 async def _normalizations(ctx, cap, labels: list[int], what: str) -> None:
+    """Each normalization honoured or refused; on label-token scoring SOFTMAX is the softmax of the NONE vector
+    (revision 1, Non-generative task API: "NONE requests native unnormalized values, and SOFTMAX requests
+    normalization across each returned label vector": one is the other normalized, whatever the native values
+    are, logits or log- probabilities)."""
+    answers = {}
     for norm in (T.SCORE_NORMALIZATION_NONE, T.SCORE_NORMALIZATION_SOFTMAX):
         name = T.ScoreNormalization.Name(norm)
         if norm in cap.normalizations:
@@ -430,16 +528,22 @@ async def _normalizations(ctx, cap, labels: list[int], what: str) -> None:
                     for c in g.candidates:
                         total = sum(c.scores.values)
                         expect(abs(total - 1.0) < 1e-3, f"{what}: SOFTMAX label vector sums to {total}")
+            answers[norm] = [list(c.scores.values) for g in resp.groups for c in g.candidates]
         else:
             await ctx.rejected(_score(ctx, cap, "norm", normalization=norm, label_token_ids=labels),
                                C.INVALID_ARGUMENT, what=f"{what} {name} (not advertised)")
+    if labels and len(answers) == 2:
+        for k, (native, normed) in enumerate(zip(*answers.values(), strict=True)):
+            expect(close(normed, softmax(native), TRANSFORM_TOL),
+                   f"{what}: candidate {k}: SOFTMAX {[round(v, 4) for v in normed]} is not the softmax of NONE "
+                   f"{[round(v, 4) for v in native]} (NONE must be the native unnormalized values)")
 
 
 @check("tasks.score_normalizations", "advertised tasks.score normalizations (others rejected)")
 async def score_normalizations(ctx):
     """Each advertised normalization is honoured and reported back (on label-token scoring when advertised,
     where SOFTMAX is defined); an unadvertised one is INVALID_ARGUMENT."""
-    cap = _require(ctx, "score")
+    cap = require_task(ctx, "score")
     labels = await _labels(ctx, cap) if cap.supports_label_token_scoring else []
     await _normalizations(ctx, cap, labels, "label-token Score normalization" if labels else "Score normalization")
 
@@ -448,8 +552,8 @@ async def score_normalizations(ctx):
 async def score_native_normalizations(ctx):
     """The advertised normalizations also apply to model-native scoring (no label tokens): honoured or
     INVALID_ARGUMENT, never an INTERNAL failure after acceptance."""
-    cap = _require(ctx, "score")
-    if not (cap.supports_label_token_scoring and _native_score(cap)):
+    cap = require_task(ctx, "score")
+    if not (cap.supports_label_token_scoring and native_score(cap)):
         raise Skip("covered by tasks.score_normalizations (only one scoring kind advertised)")
     await _normalizations(ctx, cap, [], "native Score normalization")
 
@@ -457,10 +561,10 @@ async def score_native_normalizations(ctx):
 @check("tasks.score_rejects_malformed_groups", "advertised tasks.score")
 async def score_groups(ctx):
     """Duplicate group ids, a group without candidates and an unadvertised instruction are INVALID_ARGUMENT."""
-    cap = _require(ctx, "score")
-    opts = _score_opts(ctx, cap)
-    q = _input(ctx, cap, "q", TEXTS[0])
-    c = _input(ctx, cap, "c", TEXTS[1])
+    cap = require_task(ctx, "score")
+    opts = score_options(cap)
+    q = task_input(ctx, cap, "q", TEXTS[0])
+    c = task_input(ctx, cap, "c", TEXTS[1])
     cases = [
         ("duplicate group ids", [scoring_pb2.ScoreGroup(group_id="g", query=q, candidates=[c]),
                                  scoring_pb2.ScoreGroup(group_id="g", query=q, candidates=[c])], opts),
@@ -473,7 +577,7 @@ async def score_groups(ctx):
         cases.append(("an instruction (not advertised)", [scoring_pb2.ScoreGroup(group_id="g", query=q,
                                                                                  candidates=[c])], io))
     for what, groups, o in cases:
-        req = scoring_pb2.ScoreRequest(context=_context(ctx, "badgroup"), groups=groups, options=o)
+        req = scoring_pb2.ScoreRequest(context=task_context(ctx, "badgroup"), groups=groups, options=o)
         await ctx.rejected(ctx.stub.Score(req, timeout=30), C.INVALID_ARGUMENT, what=f"Score with {what}")
     if not cap.supports_instruction:
         ctx.reported(cap, "supports_instruction", "Score instruction")

@@ -13,7 +13,14 @@ from google.protobuf import unknown_fields
 
 from conformance.registry import CheckFailed, Skip, check, expect
 from openengine_adapters.errors import ERROR_TRAILER
-from openengine_adapters.v0_1 import error_pb2, generation_pb2, openengine_pb2_grpc, server_pb2
+from openengine_adapters.v0_1 import (
+    error_pb2,
+    generation_pb2,
+    lifecycle_pb2,
+    model_pb2,
+    openengine_pb2_grpc,
+    server_pb2,
+)
 
 V0_1_CODES = frozenset(error_pb2.ErrorCode.values()) - {error_pb2.ERROR_CODE_UNSPECIFIED}
 
@@ -72,6 +79,86 @@ async def server_info(ctx):
     par = info.parallelism
     if par.HasField("decode_context_parallel_size"):
         expect(par.decode_context_parallel_size >= 1, "decode_context_parallel_size: at least 1")
+
+
+V0_1_HEALTH_STATES = frozenset(lifecycle_pb2.HealthState.values()) - {lifecycle_pb2.HEALTH_STATE_UNSPECIFIED}
+OTHER_ROLE = {1: 2, 2: 3, 3: 2}  # AGGREGATED -> PREFILL, PREFILL -> DECODE, DECODE -> PREFILL
+
+
+@check("v0_1.health_states", "contract v0.1.0")
+async def health_states(ctx):
+    """Health and abort, as released: v0.1.0's HealthState has no DRAINING, so "HEALTH_STATE_NOT_READY = 4": every
+    state a v0.1.0 Health answers, overall and per check, is a v0.1.0 value (revision 1's NOT_READY 5 is none; a
+    client reads it as UNSPECIFIED), for a plain query, one for the server's own role and a role-specific query
+    for another role, which answers NOT_READY."""
+    _, control = _v0_1(ctx)
+    other = OTHER_ROLE.get(ctx.role, 0)
+    for what, req in (("Health()", lifecycle_pb2.HealthRequest()),
+                      ("Health(own role)", lifecycle_pb2.HealthRequest(role=ctx.role)),
+                      ("Health(another role)", lifecycle_pb2.HealthRequest(role=other))):
+        h = await control.Health(req, timeout=ctx.options.check_timeout_s)
+        expect(h.state in V0_1_HEALTH_STATES, f"{what}: state {h.state} is not a v0.1.0 HealthState value")
+        for c in h.checks:
+            expect(c.state in V0_1_HEALTH_STATES,
+                   f"{what}: check {c.name!r} state {c.state} is not a v0.1.0 HealthState value")
+        if req.role == other:
+            expect(h.state == lifecycle_pb2.HEALTH_STATE_NOT_READY, f"{what}: a {ctx.role_name} server asked for "
+                   f"role {other} answered {lifecycle_pb2.HealthState.Name(h.state)}, not NOT_READY (4)")
+
+
+def _undefined_fields(msg, path: str = "") -> list[str]:
+    """Field numbers ``msg`` carries that its (v0.1.0) type does not define, nested messages included."""
+    out = [f"{path}{f.field_number}" for f in unknown_fields.UnknownFieldSet(msg)]
+    for field, value in msg.ListFields():
+        if field.message_type is None or field.message_type.GetOptions().map_entry:
+            continue
+        if field.message_type.full_name.startswith("google.protobuf."):
+            continue
+        items = [value] if hasattr(value, "DESCRIPTOR") else value  # one message, or a repeated field
+        for item in items:
+            out += _undefined_fields(item, f"{path}{field.name}.")
+    return out
+
+
+@check("v0_1.discovery_shapes", "contract v0.1.0")
+async def discovery_shapes(ctx):
+    """ServerInfo, ModelInfo, LoadInfo and HealthResponse are v0.1.0's messages: no field v0.1.0 does not define. In
+    particular (Model identity and capabilities) "KV layout and scheduler capacity are reported once through
+    ServerInfo.capacity, not repeated as model identity" (revision 1's ModelInfo fields 6-9), and ModelInfo has
+    no tasks (27)."""
+    _, control = _v0_1(ctx)
+    t = ctx.options.check_timeout_s
+    answers = {"ServerInfo": await control.GetServerInfo(server_pb2.GetServerInfoRequest(), timeout=t),
+               "ModelInfo": await control.GetModelInfo(model_pb2.GetModelInfoRequest(model=ctx.model), timeout=t),
+               "LoadInfo": await control.GetLoad(server_pb2.GetLoadRequest(include_per_rank=True), timeout=t),
+               "HealthResponse": await control.Health(lifecycle_pb2.HealthRequest(), timeout=t)}
+    for name, msg in answers.items():
+        extra = _undefined_fields(msg)
+        expect(not extra, f"{name} carries fields v0.1.0 does not define: {extra}"
+               + (" (revision 1's capacity fields repeated as model identity)" if name == "ModelInfo"
+                  and {"6", "7", "8", "9"} & set(extra) else ""))
+
+
+@check("v0_1.metadata.control_ignores_admission_keys", "contract v0.1.0")
+async def control_ignores_admission_keys(ctx):
+    """gRPC request metadata: "Routing and admission keys apply only to Inference RPCs": Control RPCs carrying them
+    (even values an Inference RPC would refuse, as a client that attaches one metadata set to every call sends
+    them) are answered as without them."""
+    _, control = _v0_1(ctx)
+    md = (("openengine-priority", "high"), ("openengine-target-dp-rank", "-1"), ("openengine-routing-key", "r"))
+    t = ctx.options.check_timeout_s
+    calls = (("GetServerInfo", lambda: control.GetServerInfo(server_pb2.GetServerInfoRequest(), metadata=md,
+                                                            timeout=t)),
+             ("GetModelInfo", lambda: control.GetModelInfo(model_pb2.GetModelInfoRequest(model=ctx.model),
+                                                          metadata=md, timeout=t)),
+             ("GetLoad", lambda: control.GetLoad(server_pb2.GetLoadRequest(), metadata=md, timeout=t)),
+             ("Health", lambda: control.Health(lifecycle_pb2.HealthRequest(), metadata=md, timeout=t)))
+    for name, call in calls:
+        try:
+            await call()
+        except grpc.aio.AioRpcError as exc:
+            raise CheckFailed(f"{name} with openengine- admission keys failed: {exc.code().name}: "
+                              f"{exc.details()}") from None
 
 
 @check("v0_1.metadata.malformed_priority", "contract v0.1.0; role AGGREGATED")

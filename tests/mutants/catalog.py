@@ -8,7 +8,8 @@ suite against it: a mutant is killed when at least one check fails.
 
 ``target`` picks the fake server the mutant is served as (``aggregated``, ``prefill``, ``decode``,
 ``task-only``: roles and a model without generation). ``invisible`` records, for a mutant the suite
-cannot kill, why no black-box client can see the violation.
+cannot kill, why no black-box client can see the violation; ``needs`` names the opt-in test-engine
+flag without which it is invisible (``run.py --no-hooks`` scores the suite as a user runs it).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Mutant:
     target: str = "aggregated"
     invisible: str = ""  # why the suite cannot see it (expected survivor), else ""
     smoke: str = ""  # the checks (globs) that kill it in the unit suite's smoke subset; "" = not in it
+    needs: str = ""  # the opt-in flag without which no check can see it (a user's run without test hooks)
 
     @property
     def domain(self) -> str:
@@ -39,11 +41,11 @@ class Mutant:
 MUTANTS: dict[str, Mutant] = {}
 
 
-def mutant(name: str, rule: str, target: str = "aggregated", invisible: str = "", smoke: str = ""):
+def mutant(name: str, rule: str, target: str = "aggregated", invisible: str = "", smoke: str = "", needs: str = ""):
     def register(fn):
         if name in MUTANTS:
             raise ValueError(f"duplicate mutant {name}")
-        MUTANTS[name] = Mutant(name, rule, fn, target, invisible, smoke)
+        MUTANTS[name] = Mutant(name, rule, fn, target, invisible, smoke, needs)
         return fn
 
     return register
@@ -546,14 +548,16 @@ def _():
     wrap_parse_generate(after=after)
 
 
-@mutant("validate.priority_ignored", "priority: larger values have higher scheduling priority (here dropped)")
+@mutant("validate.priority_ignored", "priority: larger values have higher scheduling priority (here dropped)",
+        needs="--serial-request-metadata")
 def _():
     def after(params, req, card):
         return dataclasses.replace(params, priority=None)
     wrap_parse_generate(after=after)
 
 
-@mutant("validate.priority_inverted", "priority: larger values have higher scheduling priority (here lower)")
+@mutant("validate.priority_inverted", "priority: larger values have higher scheduling priority (here lower)",
+        needs="--serial-request-metadata")
 def _():
     def after(params, req, card):
         return dataclasses.replace(params, priority=None if params.priority is None else -params.priority)
@@ -623,7 +627,10 @@ def _():
     patch_method(_core().EngineService, "Abort", make)
 
 
-@mutant("lifecycle.abort_is_a_no_op", "Abort(request_id) stops the request: its outputs end CANCELLED")
+@mutant("lifecycle.abort_is_a_no_op", "Abort(request_id) stops the request: its outputs end CANCELLED",
+        invisible="the engine ignores the abort, and the core's abort confirmation (ABORT_CONFIRM_S) then ends the "
+                  "stream itself with CANCELLED finishes and releases the request: a client sees the rule kept, "
+                  "2 s late, and the contract sets no deadline on an abort")
 def _():
     async def abort(self, request_ids):
         self.aborted.extend(request_ids)
@@ -964,9 +971,7 @@ def _():
 
 
 @mutant("tasks.embed_normalize_false_ignored", "an explicit normalize request is implemented exactly "
-        "(normalize=false here still normalizes)",
-        invisible="a model whose native embeddings are unit-length answers normalize=false with unit vectors "
-                  "too: no client can tell a normalize=false the server ignored from one it honoured")
+        "(normalize=false here still normalizes)", smoke="tasks.embed_normalize_false_reduced")
 def _():
     original = fake_class().embed
 
@@ -1170,7 +1175,7 @@ def _():
 
 
 @mutant("v0_1.priority_metadata_dropped", "openengine-priority: higher values have higher priority (the key is "
-        "dropped at the boundary)")
+        "dropped at the boundary)", needs="--serial-request-metadata")
 def _():
     _, servicers, translate = _v01()
     original = translate.generate_request
@@ -1192,7 +1197,7 @@ def _():
 
 
 @mutant("v0_1.internal_code_not_renumbered", "v0.1.0 ErrorCode: INTERNAL = 11 (revision 1's 12 is no v0.1.0 value)",
-        smoke="v0_1.error_event")
+        smoke="v0_1.error_event", needs="--fail-request-metadata")
 def _():
     _, _, translate = _v01()
     translate.ERROR_CODE[12] = 12
@@ -1271,7 +1276,7 @@ def _():
 
 
 @mutant("v0_1.application_metadata_dropped", "application-specific metadata keys reach the engine as request "
-        "metadata")
+        "metadata", needs="--fail-request-metadata")
 def _():
     _, _, translate = _v01()
     original = translate.generate_request
@@ -1279,6 +1284,244 @@ def _():
     def generate_request(req, *, priority, target_dp_rank, application):
         return original(req, priority=priority, target_dp_rank=target_dp_rank, application={})
     translate.generate_request = generate_request
+
+
+# ============================================================================= issue 24: the suite's blind spots
+# Written as bugs an implementation plausibly has, not from the checks: (a) a task option that changes
+# values, ignored or half-applied; (b) answers only v0.1.0 has (metadata keys, HealthState numbering on
+# role-specific queries, ServerInfo.capacity against LoadInfo and ModelInfo); (c) an engine failure after
+# tokens, reported the wrong way.
+
+# (a) task options that change values -------------------------------------------------------------------
+
+@mutant("tasks.embed_token_rows_not_normalized", "normalize=true is implemented exactly: every TOKEN-granularity "
+        "row has unit L2 norm (here only SEQUENCE outputs are normalized)")
+def _():
+    from openengine_adapters.types import Granularity
+
+    original = fake_class().embed
+
+    async def embed(self, p):
+        if p.normalize and p.granularity == Granularity.TOKEN:
+            p = dataclasses.replace(p, normalize=False)
+        return await original(self, p)
+    fake_class().embed = embed
+
+
+@mutant("tasks.embed_sparse_skips_normalization", "an encoding changes the representation, not the values: the "
+        "SPARSE tensor is the DENSE one (here the sparse path skips the default normalization)")
+def _():
+    from openengine_adapters.types import EmbeddingEncoding
+
+    original = fake_class().embed
+
+    async def embed(self, p):
+        if p.encoding == EmbeddingEncoding.SPARSE and p.normalize is None:
+            p = dataclasses.replace(p, normalize=False)
+        return await original(self, p)
+    fake_class().embed = embed
+
+
+@mutant("tasks.classify_logits_softmaxed", "output_semantics LOGITS is implemented exactly (here the values are "
+        "probabilities labelled LOGITS)")
+def _():
+    from openengine_adapters.types import ValueSemantics
+
+    original = fake_class().classify
+
+    async def classify(self, p):
+        if p.semantics != ValueSemantics.LOGITS:
+            return await original(self, p)
+        res = await original(self, dataclasses.replace(p, semantics=ValueSemantics.PROBABILITIES))
+        res.outputs = [dataclasses.replace(o, semantics=ValueSemantics.LOGITS) for o in res.outputs]
+        return res
+    fake_class().classify = classify
+
+
+@mutant("tasks.score_none_softmaxed", "SCORE_NORMALIZATION_NONE requests native unnormalized values (here "
+        "SOFTMAX is applied and NONE reported)")
+def _():
+    from openengine_adapters.types import ScoreNormalization, ValueSemantics
+
+    original = fake_class().score
+
+    async def score(self, p):
+        if p.normalization != ScoreNormalization.NONE or not p.label_token_ids:
+            return await original(self, p)
+        res = await original(self, dataclasses.replace(p, normalization=ScoreNormalization.SOFTMAX))
+        return dataclasses.replace(res, normalization=ScoreNormalization.NONE,
+                                   semantics=ValueSemantics.LOG_PROBABILITIES)
+    fake_class().score = score
+
+
+# (b) v0.1.0-only answers ---------------------------------------------------------------------------------
+
+@mutant("v0_1.health_states_revision1_numbers", "v0.1.0 HealthState: NOT_READY = 4 (here revision 1's numbers "
+        "pass through: a role mismatch answers 5, no v0.1.0 value)")
+def _():
+    _, _, translate = _v01()
+    from openengine_adapters.types import HealthState
+
+    translate.HEALTH_STATE = {int(s): int(s) for s in HealthState}
+
+
+@mutant("v0_1.health_check_states_untranslated", "v0.1.0 HealthState numbering holds for each HealthCheck too "
+        "(here only the overall state is renumbered)", smoke="v0_1.health_states")
+def _():
+    _, _, translate = _v01()
+    from openengine_adapters.v0_1 import lifecycle_pb2
+
+    def health_response(resp):
+        out = lifecycle_pb2.HealthResponse(state=translate.HEALTH_STATE.get(resp.state, 0))
+        for c in resp.checks:
+            out.checks.add(name=c.name, state=c.state, message=c.message)
+        return out
+    translate.health_response = health_response
+
+
+@mutant("lifecycle.health_expected_role_ignored", "HealthRequest.role is the expected role of a role-specific "
+        "query: a server of another role is not ready for it (here the role is ignored: READY)")
+def _():
+    from openengine_adapters.core import health
+
+    original = health.HealthReporter.report
+
+    async def report(self, probe_model=None, expected_role=None):
+        return await original(self, probe_model)
+    health.HealthReporter.report = report
+
+
+@mutant("v0_1.capacity_total_kv_blocks_in_tokens", "ServerInfo.capacity.total_kv_blocks is the allocatable "
+        "block count LoadInfo.total_kv_blocks also reports (here: tokens, blocks x kv_block_size)")
+def _():
+    _, _, translate = _v01()
+    original = translate.server_info
+
+    def server_info(*args, **kwargs):
+        out = original(*args, **kwargs)
+        cap = out.capacity
+        if cap.HasField("total_kv_blocks") and cap.HasField("kv_block_size"):
+            cap.total_kv_blocks *= cap.kv_block_size
+        return out
+    translate.server_info = server_info
+
+
+@mutant("model_info.total_kv_blocks_in_tokens", "revision 1 ModelInfo.total_kv_blocks counts the blocks "
+        "LoadInfo.total_kv_blocks counts (here: tokens, blocks x kv_block_size)")
+def _():
+    from openengine_adapters.messages import model
+
+    original = model.model_info
+
+    def model_info(card, role=None, **kw):
+        msg = original(card, role, **kw) if role is not None else original(card, **kw)
+        if msg.HasField("total_kv_blocks") and msg.HasField("kv_block_size"):
+            msg.total_kv_blocks *= msg.kv_block_size
+        return msg
+    model.model_info = model_info
+
+
+@mutant("v0_1.capacity_unreported", "DeploymentCapacity reports the configured capacity the server knows (here "
+        "left empty, while LoadInfo reports total_kv_blocks)",
+        invisible="\"an absent value means the engine cannot report the value\": an engine may learn its block "
+                  "count only from runtime statistics (TensorRT-LLM's maxNumBlocks, after its first iteration), "
+                  "so a LoadInfo.total_kv_blocks does not oblige ServerInfo.capacity to report it; the suite "
+                  "compares the two only when both are present (lifecycle.load_matches_capacity)")
+def _():
+    _, _, translate = _v01()
+    original = translate.server_info
+
+    def server_info(info, identity, default_card, release, extra):
+        return original(info, identity, None, release, extra)
+    translate.server_info = server_info
+
+
+@mutant("v0_1.model_info_repeats_capacity", "v0.1.0: KV layout and scheduler capacity are reported once through "
+        "ServerInfo.capacity, not repeated as model identity (here ModelInfo keeps revision 1's fields 6-9)")
+def _():
+    _, _, translate = _v01()
+    from openengine_adapters.v0_1 import model_pb2
+
+    def model_info(info, extra):
+        out = translate.recast(info, model_pb2.ModelInfo, ("tasks",))
+        translate._struct(out.extra, extra)
+        return out
+    translate.model_info = model_info
+
+
+@mutant("v0_1.control_rpcs_check_admission_keys", "routing and admission keys apply only to Inference RPCs "
+        "(here Control RPCs parse them and refuse a malformed openengine-priority)")
+def _():
+    metadata, servicers, _ = _v01()
+
+    def make(raw):
+        async def handler(self, request, context):
+            metadata.parse_inference(context.invocation_metadata())
+            return await raw(self, request, context)
+        return handler
+    for name in ("GetServerInfo", "GetModelInfo", "GetLoad", "Health"):
+        raw = getattr(servicers.ControlServicer, name).__wrapped__
+        setattr(servicers.ControlServicer, name, servicers._unary_call(make(raw)))
+
+
+# (c) an engine failure after tokens ----------------------------------------------------------------------
+# Only the target can make its engine fail: no request of either contract makes a healthy engine fail
+# after acceptance, and Abort, Drain and deadlines end a request as cancellations (CANCELLED finishes, or
+# Drain's DRAINING error) on their own paths. These are seen with --fail-request-metadata only.
+
+FAIL_HOOK = "--fail-request-metadata"
+
+
+def _after_tokens_failure(replace: Callable) -> None:
+    """Rewrite an engine failure (an INTERNAL EngineError) that follows streamed tokens: ``replace(resp,
+    context)`` is awaited and returns the responses to send instead."""
+    from openengine_adapters.types import ErrorCode
+
+    service = _core()
+    original = service.EngineService.Generate
+
+    async def Generate(self, request, context, *args, **kwargs):
+        tokens = False
+        async for resp in original(self, request, context, *args, **kwargs):
+            if resp.HasField("error") and resp.error.code == ErrorCode.INTERNAL and tokens:
+                for r in await replace(resp, context):
+                    yield r
+                return
+            tokens = tokens or resp.HasField("token")
+            yield resp
+
+    service.EngineService.Generate = Generate
+
+
+@mutant("stream.engine_failure_after_tokens_as_status", "an engine failure after tokens is one terminal "
+        "EngineError and gRPC OK (here a non-OK status once tokens were sent)", needs=FAIL_HOOK)
+def _():
+    async def replace(resp, context):
+        await context.abort(grpc.StatusCode.INTERNAL, resp.error.message)
+        return []
+    _after_tokens_failure(replace)
+
+
+@mutant("stream.engine_failure_after_tokens_as_finish", "application failure is not a GenerationFinished reason "
+        "(here an engine failure after tokens ends the output CANCELLED)", needs=FAIL_HOOK)
+def _():
+    from openengine_adapters.v1 import generation_pb2
+
+    async def replace(resp, context):
+        out = generation_pb2.GenerateResponse(request_id=resp.request_id)
+        out.finished.output_index = 0
+        out.finished.reason = generation_pb2.FINISH_REASON_CANCELLED
+        out.usage.CopyFrom(resp.usage)
+        return [out]
+    _after_tokens_failure(replace)
+
+
+@mutant("stream.engine_failure_after_tokens_silent", "an accepted request that fails ends with its terminal "
+        "EngineError (here the stream just closes OK after the last token)", needs=FAIL_HOOK)
+def _():
+    async def replace(resp, context):
+        return []
+    _after_tokens_failure(replace)
 
 
 # ----------------------------------------------------------------------------- serving

@@ -1,21 +1,24 @@
 """Mutation testing of the conformance suite: serve each mutant of tests/mutants/catalog.py, run the suite
 against it, print the mutation score and the survivors.
 
-    python tests/mutants/run.py [--only GLOBS] [--smoke] [--jobs 2] [--json FILE] [--min-score 0.9]
+    python tests/mutants/run.py [--only GLOBS] [--smoke] [--no-hooks] [--jobs 2] [--json FILE] [--min-score 0.9]
 
 Each mutant is served by its own fake-engine server process (``serve_mutant.py``) and checked with
 ``python -m conformance --contract both --destructive`` plus the opt-in flags the fake supports (long,
 failing and serialized requests, an admission limit, a loadable LoRA directory). A mutant is KILLED
 when at least one check fails; the unmutated server of every target must pass first (else the run
 stops: a score against a failing baseline would mean nothing). ``--smoke`` runs only the mutants
-marked ``smoke`` with the checks named there (the unit suite's subset). Exit status: 0 when the score
-reaches ``--min-score`` and every survivor is one the catalog expects (``invisible``), else 1.
+marked ``smoke`` with the checks named there (the unit suite's subset). ``--no-hooks`` runs the suite as
+a user runs it against a real engine, without the fake's failure and serialization hooks; a mutant whose
+``needs`` names one of those is then an expected survivor. Exit status: 0 when the score reaches
+``--min-score`` and every survivor is one the catalog expects (``invisible``), else 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import fnmatch
+import functools
 import json
 import os
 import re
@@ -37,17 +40,23 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE.parent)]
 ADMISSION_LIMIT = 4
 
 
-def suite_flags(lora_dir: str) -> list[str]:
-    """The conformance flags of a mutation run: every opt-in hook the fake engine offers
-    (``$MUTATION_SUITE_FLAGS``, a JSON list, replaces them: e.g. to score an older suite)."""
+# the fake engine's behaviour hooks: a real engine has no way to be told to fail or to run one at a time
+HOOKS = {"--fail-request-metadata": "fake.crash_after=2", "--serial-request-metadata": "fake.serialize=1"}
+
+
+def suite_flags(lora_dir: str, hooks: bool = True) -> list[str]:
+    """The conformance flags of a mutation run: every opt-in flag the fake engine serves, its behaviour
+    hooks only with ``hooks`` (``$MUTATION_SUITE_FLAGS``, a JSON list, replaces them: e.g. to score an
+    older suite)."""
     if os.environ.get("MUTATION_SUITE_FLAGS"):
         return json.loads(os.environ["MUTATION_SUITE_FLAGS"])
-    return ["--contract", "both", "--destructive", "--timeout", "20",
-            "--expect-admission-limit", str(ADMISSION_LIMIT),
-            "--long-request-metadata", "fake.step_delay_ms=50",
-            "--fail-request-metadata", "fake.crash_after=2",
-            "--serial-request-metadata", "fake.serialize=1",
-            "--lora-dir", lora_dir]
+    flags = ["--contract", "both", "--destructive", "--timeout", "20",
+             "--expect-admission-limit", str(ADMISSION_LIMIT),
+             "--long-request-metadata", "fake.step_delay_ms=50",
+             "--lora-dir", lora_dir]
+    for flag, value in HOOKS.items() if hooks else ():
+        flags += [flag, value]
+    return flags
 
 
 def lora_directory() -> str:
@@ -120,9 +129,10 @@ def run_one(mutant: str, target: str, flags: list[str], only: str | None = None)
     return Outcome(mutant, bool(failed), failed, seconds=time.monotonic() - start)
 
 
-def run_mutants(mutants: list[Mutant], jobs: int = 2, smoke: bool = False, progress=print) -> dict:
+def run_mutants(mutants: list[Mutant], jobs: int = 2, smoke: bool = False,
+                progress=functools.partial(print, flush=True), hooks: bool = True) -> dict:
     lora_dir = lora_directory()
-    flags = suite_flags(lora_dir)
+    flags = suite_flags(lora_dir, hooks)
     targets = sorted({m.target for m in mutants})
     only = ",".join(sorted({m.smoke for m in mutants})) if smoke else None
     with ThreadPoolExecutor(max(1, jobs)) as pool:
@@ -132,7 +142,7 @@ def run_mutants(mutants: list[Mutant], jobs: int = 2, smoke: bool = False, progr
                 raise SystemExit(f"the unmutated {target} server fails the suite ({b.error or b.failed_checks}): "
                                  "fix the suite or the fake before scoring mutants")
         outcomes = list(pool.map(lambda m: _scored(m, flags, smoke, progress), mutants))
-    return summarize(mutants, outcomes)
+    return summarize(mutants, outcomes, hooks)
 
 
 def _scored(m: Mutant, flags: list[str], smoke: bool, progress) -> Outcome:
@@ -144,7 +154,16 @@ def _scored(m: Mutant, flags: list[str], smoke: bool, progress) -> Outcome:
     return out
 
 
-def summarize(mutants: list[Mutant], outcomes: list[Outcome]) -> dict:
+def expected_survival(m: Mutant, hooks: bool = True) -> str:
+    """Why ``m`` may survive this run ("" = it must be killed)."""
+    if m.invisible:
+        return m.invisible
+    if m.needs and not hooks and m.needs in HOOKS:
+        return f"seen only with {m.needs} (a test-engine hook; see docs/conformance.md)"
+    return ""
+
+
+def summarize(mutants: list[Mutant], outcomes: list[Outcome], hooks: bool = True) -> dict:
     by_name = {m.name: m for m in mutants}
     valid = [o for o in outcomes if not o.error]
     killed = [o for o in valid if o.killed]
@@ -153,7 +172,8 @@ def summarize(mutants: list[Mutant], outcomes: list[Outcome]) -> dict:
         "mutants": len(mutants), "scored": len(valid), "killed": len(killed),
         "score": round(len(killed) / len(valid), 4) if valid else 0.0,
         "errors": [{"name": o.name, "error": o.error} for o in outcomes if o.error],
-        "survivors": [{"name": o.name, "rule": by_name[o.name].rule, "invisible": by_name[o.name].invisible}
+        "survivors": [{"name": o.name, "rule": by_name[o.name].rule,
+                       "invisible": expected_survival(by_name[o.name], hooks)}
                       for o in survivors],
         "results": [{"name": o.name, "target": by_name[o.name].target, "killed": o.killed,
                      "failed_checks": o.failed_checks, "error": o.error, "seconds": round(o.seconds, 1)}
@@ -166,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", help="comma-separated globs of mutant names")
     p.add_argument("--smoke", action="store_true", help="only the smoke subset, each with its named checks")
+    p.add_argument("--no-hooks", action="store_true",
+                   help="run the suite as a user does: without the fake engine's failure and serialization hooks")
     p.add_argument("--jobs", type=int, default=2, help="mutants served and checked at once (default 2)")
     p.add_argument("--json", metavar="FILE", help="write the outcome here")
     p.add_argument("--min-score", type=float, default=0.9, help="fail below this killed fraction (default 0.9)")
@@ -181,8 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         for m in mutants:
             print(f"{m.name:45} [{m.target}] {m.rule}")
         return 0
-    print(f"mutation testing: {len(mutants)} mutants, {args.jobs} at a time")
-    result = run_mutants(mutants, args.jobs, args.smoke)
+    print(f"mutation testing: {len(mutants)} mutants, {args.jobs} at a time"
+          + (" (no test-engine hooks)" if args.no_hooks else ""), flush=True)
+    result = run_mutants(mutants, args.jobs, args.smoke, hooks=not args.no_hooks)
     print()
     print(f"mutation score: {result['killed']}/{result['scored']} killed = {result['score']:.1%}")
     for s in result["survivors"]:
