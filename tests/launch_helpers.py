@@ -196,10 +196,10 @@ async def start_server(argv: list[str], *, env: dict[str, str] | None = None, li
             return proc, int(m.group(1)), lines
 
 
-def bench_smoke(script: str, timeout: float) -> tuple[str, list[list[str]]]:
-    """``python bench/<script> --smoke`` as a user runs it: its output and its table's ``limit`` and
+def bench_smoke(script: str, timeout: float, *args: str) -> tuple[str, list[list[str]]]:
+    """``python bench/<script> --smoke [args]`` as a user runs it: its output and its table's ``limit`` and
     ``ours`` rows (split), each with tokens/s above 0 (the figures mean nothing at smoke size)."""
-    run = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--smoke"], cwd=ROOT,
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--smoke", *args], cwd=ROOT,
                          capture_output=True, text=True, timeout=timeout, env={**os.environ})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = [line.split() for line in run.stdout.splitlines() if line.startswith(("limit ", "ours "))]
