@@ -84,12 +84,20 @@ def command_line() -> str:
     return shlex.join(["python", str(shown), *sys.argv[1:]])
 
 
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+STARTED = {"date": now(), "commit": git_commit()}  # when the bench (which imports this) started, and on what
+
+
 def write_results(path: str, kind: str, settings: dict, body: dict) -> None:
     """Write one bench run as JSON: ``kind`` tells bench/plot.py how to draw it, ``settings`` what
-    was asked for, ``body`` the figures; the command, date, machine, versions and commit come along."""
-    record = {"kind": kind, "bench": Path(sys.argv[0]).stem, "command": command_line(),
-              "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-              "machine": machine(), "versions": versions(), "commit": git_commit(), "settings": settings, **body}
+    was asked for, ``body`` the figures; the command, the start and end dates, the machine (with its
+    load averages at the end: other work on it shows there), the versions and the commit come along."""
+    record = {"kind": kind, "bench": Path(sys.argv[0]).stem, "command": command_line(), **STARTED,
+              "finished": now(), "machine": {**machine(), "load_average_1_5_15_min": os.getloadavg()},
+              "versions": versions(), "settings": settings, **body}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {path}", file=sys.stderr)

@@ -45,6 +45,8 @@ def provenance(data: dict) -> str:
               f"Python {m['python']}"
     versions = ", ".join(f"{k} {x}" for k, x in v.items() if k != "openengine-adapters")
     commit = (data.get("commit") or "?")[:12] + ("+dirty" if (data.get("commit") or "").endswith("+dirty") else "")
+    if load := m.get("load_average_1_5_15_min"):
+        machine += f", load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end"
     return textwrap.fill(f"{data['command']}   |   {data['date']}, commit {commit}   |   {machine}; {versions}", 190)
 
 
@@ -117,7 +119,7 @@ def draw_streaming(data: dict, out: str) -> None:
     streams_axis(ttft, levels, "time to first token, p50 (solid) and p99 (dotted)", "ms", log_y=True)
     streams_axis(itl, levels, "inter-token latency, p50 and p99 (dotted)", "ms", log_y=True)
     streams_axis(tpm, levels, "tokens per message", "tokens")
-    streams_axis(cpu, levels, "CPU per token: server (solid), client (dotted)", "µs")
+    streams_axis(cpu, levels, "CPU per token: server (solid), client (dotted)", "µs", log_y=True)
     streams_axis(ratio, levels, "tokens/s ratio, median of per-round ratios", "ratio")
     tps.legend(fontsize=8)
     for ax in (ttft, itl, cpu, ratio):
