@@ -77,14 +77,19 @@ def streams_axis(ax, levels: list[int], title: str, ylabel: str, log_y: bool = F
 
 
 def spread(windows: list[dict], key: str) -> tuple[list[int], list[float], list[list[float]]] | None:
-    """x, median and (below, above) error bars from the rounds, or None when a figure was not measured."""
-    if any(w["median"][key] is None for w in windows):
+    """x, median and (below, above) error bars from the rounds, at the stream counts where the figure was
+    measured (a target served in the bench's own process has no server CPU; a stream sent in one message
+    no inter-token gap), or None when it never was."""
+    def value(x):  # JSON null (and NaN from results written before null) both mean "not measured"
+        return None if x is None or x != x else x
+
+    rows = [(w["streams"], value(w["median"][key]), [v for r in w["rounds"] if (v := value(r[key])) is not None])
+            for w in windows]
+    rows = [(x, m, vs) for x, m, vs in rows if m is not None and vs]
+    if not rows:
         return None
-    xs = [w["streams"] for w in windows]
-    med = [w["median"][key] for w in windows]
-    lows = [m - min(r[key] for r in w["rounds"]) for m, w in zip(med, windows, strict=True)]
-    highs = [max(r[key] for r in w["rounds"]) - m for m, w in zip(med, windows, strict=True)]
-    return xs, med, [lows, highs]
+    return ([x for x, _, _ in rows], [m for _, m, _ in rows],
+            [[m - min(vs) for _, m, vs in rows], [max(vs) - m for _, m, vs in rows]])
 
 
 def draw_streaming(data: dict, out: str) -> None:

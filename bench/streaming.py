@@ -238,7 +238,12 @@ def parser(doc: str, makers: dict) -> argparse.ArgumentParser:
 
 
 def median_or_none(values: list) -> float | None:
-    return None if None in values else statistics.median(values)
+    """None when a figure was not measured (no server process; no gap between two messages: NaN)."""
+    return None if None in values or any(v != v for v in values) else statistics.median(values)
+
+
+def null_nan(window: dict) -> dict:
+    return {k: None if v != v else v for k, v in window.items()}  # NaN is no JSON value
 
 
 def results(targets: list[Target], levels: list[int], ratios: tuple[tuple[str, str, str], ...]) -> dict:
@@ -247,7 +252,7 @@ def results(targets: list[Target], levels: list[int], ratios: tuple[tuple[str, s
     by = {t.name: t for t in targets}
 
     def level(t: Target, c: int) -> dict:
-        rounds = [asdict(w) for w in t.windows[c]]
+        rounds = [null_nan(asdict(w)) for w in t.windows[c]]
         return {"streams": c, "median": {k: median_or_none([w[k] for w in rounds]) for k in rounds[0]},
                 "rounds": rounds}
 
