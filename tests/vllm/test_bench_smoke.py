@@ -7,33 +7,14 @@ import json
 import subprocess
 import sys
 
-from launch_helpers import ROOT, bench_smoke
-
-
-def assert_json_matches_table(path, rows: list[list[str]], kind: str = "streaming") -> dict:
-    """The JSON holds, per target and stream count, the medians the table printed (tokens/s to its
-    0.1), one window per round, the serving CPU split into server and client, and how it was run."""
-    data = json.loads(path.read_text())
-    assert data["kind"] == kind and data["command"].startswith("python bench/"), data["command"]
-    assert data["machine"]["cpus"] >= 1 and "grpcio" in data["versions"] and data["date"], data
-    for name, streams, tps, *_ in rows:
-        (window,) = [w for w in data["targets"][name]["windows"] if w["streams"] == int(streams)]
-        assert f"{window['median']['tps']:.1f}" == tps, (name, streams, window["median"])
-        assert len(window["rounds"]) == data["settings"]["rounds"] == 1
-        m = window["median"]
-        served = m["cpu_us_per_token"] - m["client_cpu_us_per_token"]
-        if data["targets"][name]["server_process"]:
-            assert abs(m["server_cpu_us_per_token"] - served) < 1e-6 * m["cpu_us_per_token"], m
-        else:
-            assert m["server_cpu_us_per_token"] is None and served == 0, m
-    return data
+from launch_helpers import ROOT, assert_bench_json_matches_table, bench_smoke
 
 
 def test_streaming_bench_smoke(tmp_path):
     table, rows = bench_smoke("vllm_streaming.py", 600, "--json", str(tmp_path / "r.json"))
     assert "ratios: median of the per-round ratios" in table, table
     assert {(r[0], r[1]) for r in rows} == {("limit", "1"), ("limit", "4"), ("ours", "1"), ("ours", "4")}, table
-    data = assert_json_matches_table(tmp_path / "r.json", rows)
+    data = assert_bench_json_matches_table(tmp_path / "r.json", rows)
     assert data["targets"]["limit"]["server_process"] is False and data["settings"]["size"] == "tiny"
     assert {(r["of"], r["to"], r["streams"]) for r in data["ratios"] if r["metric"] == "tps"} >= {
         ("ours", "limit", 1), ("ours", "limit", 4)}, data["ratios"]
@@ -43,7 +24,7 @@ def test_frontend_ceiling_bench_smoke(tmp_path):
     """The fake engine; uvloop comes with vLLM."""
     table, rows = bench_smoke("frontend_ceiling.py", 300, "--json", str(tmp_path / "r.json"))
     assert {(r[0], r[1]) for r in rows} == {("ours", "1"), ("ours", "4")}, table
-    data = assert_json_matches_table(tmp_path / "r.json", rows)
+    data = assert_bench_json_matches_table(tmp_path / "r.json", rows)
     assert data["settings"]["step_ms"] == 0.0 and data["settings"]["size"] is None, data["settings"]
 
 
