@@ -10,6 +10,7 @@ running our server the engine benches use (``streaming.OURS``: defaults, coalesc
 grouping), measured in the same interleaved rounds.
 
   python bench/frontend_ceiling.py [--concurrency 16 64 256] [--rounds 3] [--seconds 4] [--step-ms 0]
+                                   [--json bench/results/frontend-ceiling.json]
 
 tokens/s here is the front end's ceiling, and serving CPU per token what a token costs it.
 """
@@ -47,7 +48,7 @@ async def main() -> None:
     p.set_defaults(concurrency=[16, 64, 256])
     args = p.parse_args()
     makers = {name: fake_target(name, args.step_ms) for name in OURS}
-    await run(args, makers, {}, [], "the test suite's fake engine", RATIOS)
+    await run(args, makers, {}, [], "the test suite's fake engine", RATIOS, {"size": None, "step_ms": args.step_ms})
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ message of the server process and of the client: the floor under any Python gRPC
 sends a token per message, ours and vLLM's own alike. Compare it with the serving CPU per token
 that ``bench/vllm_streaming.py`` reports for the in-process limit.
 
-  python bench/grpc_floor.py [--streams 64] [--tokens 64] [--step-ms 3] [--seconds 6]
+  python bench/grpc_floor.py [--streams 1 16 64] [--tokens 64] [--step-ms 3] [--seconds 6] [--json PATH]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import grpc  # noqa: E402
-from measuring import free_port, process_cpu_s  # noqa: E402
+from measuring import free_port, process_cpu_s, write_results  # noqa: E402
 
 from openengine_adapters.v1 import generation_pb2, openengine_pb2_grpc  # noqa: E402
 
@@ -66,7 +66,7 @@ async def serve(port: int, step_s: float, tokens: int) -> None:
         ticker.cancel()
 
 
-async def measure(port: int, server_pid: int, streams: int, seconds: float) -> None:
+async def measure(port: int, server_pid: int, streams: int, seconds: float) -> dict:
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     stub = openengine_pb2_grpc.OpenEngineStub(channel)
     request = generation_pb2.GenerateRequest(prompt="x")
@@ -91,6 +91,8 @@ async def measure(port: int, server_pid: int, streams: int, seconds: float) -> N
     await channel.close()
     print(f"{streams} streams: {messages / elapsed:.0f} messages/s; CPU per message: server {server_us:.1f} us, "
           f"client {client_us:.1f} us")
+    return {"streams": streams, "messages_per_s": messages / elapsed, "server_cpu_us_per_message": server_us,
+            "client_cpu_us_per_message": client_us}
 
 
 async def main() -> None:
@@ -99,6 +101,8 @@ async def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--step-ms", type=float, default=3.0)
     parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--json", metavar="PATH", help="also write the figures, the machine, the versions, the "
+                        "command and the date as JSON (bench/plot.py floor draws it)")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)  # the child: serve on this port
     args = parser.parse_args()
     if args.serve:
@@ -110,11 +114,13 @@ async def main() -> None:
         stdout=asyncio.subprocess.PIPE)
     try:
         await asyncio.wait_for(proc.stdout.readline(), 30)
-        for streams in args.streams:
-            await measure(port, proc.pid, streams, args.seconds)
+        rows = [await measure(port, proc.pid, streams, args.seconds) for streams in args.streams]
     finally:
         proc.terminate()
         await proc.wait()
+    if args.json:
+        settings = {"streams": args.streams, "tokens": args.tokens, "step_ms": args.step_ms, "seconds": args.seconds}
+        write_results(args.json, "floor", settings, {"rows": rows})
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
   python bench/soak.py --target fake|vllm|vllm-http [--target ...] [--minutes 30] [--clients 12]
                        [--subscribers 2] [--sample-s 10] [--out bench/results/soak.json] [--trace DIR]
-  python bench/soak_plot.py bench/results/soak.json docs/img/soak.png
+  python bench/plot.py bench/results/soak.json docs/img/soak.png
 
 Targets, all started at once and driven at the same time:
   fake       our server on the fake engine (``tests/serve_fake.py``): the serving layer alone
@@ -323,7 +323,7 @@ def slope_bytes_per_request(samples: list[dict], warmup_fraction: float) -> floa
 def report(args, mix, targets: list[Target], final: bool) -> dict:
     """The run so far as JSON, written to ``--out`` (after every sample: a long run that is stopped keeps
     its curves); the final one adds the tracemalloc comparison and prints a summary."""
-    result = {"minutes": args.minutes, "clients": args.clients, "subscribers": args.subscribers,
+    result = {"kind": "soak", "minutes": args.minutes, "clients": args.clients, "subscribers": args.subscribers,
               "mix": dict(mix), "warmup_fraction": args.warmup_fraction, "server_flags": args.server_flag,
               "targets": {}}
     for t in targets:

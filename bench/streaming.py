@@ -2,8 +2,9 @@
 
 Targets are ways of streaming from one engine configuration; ``run`` starts them all, measures
 them in interleaved rounds (each round visits every (streams, target) window, the targets in a
-rotating order) and prints the medians and the median of per-round ratios. See either bench's
-docstring for what is measured and why.
+rotating order), prints the medians and the median of per-round ratios, and with ``--json PATH``
+writes every round's figures too (bench/plot.py draws them). See either bench's docstring for what
+is measured and why.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from measuring import process_cpu_s
+from measuring import process_cpu_s, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -40,7 +41,9 @@ class Window:
     itl_ms: float
     itl_p99_ms: float
     tokens_per_message: float
-    cpu_us_per_token: float
+    cpu_us_per_token: float  # serving CPU: the server process's (if any) plus this, the client's
+    server_cpu_us_per_token: float | None  # None: served in this process (the limit)
+    client_cpu_us_per_token: float
 
 
 @dataclass
@@ -91,15 +94,15 @@ async def measure(target: Target, concurrency: int, seconds: float) -> Window:
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     elapsed = time.perf_counter() - start
-    cpu = time.process_time() - cpu0
-    if target.server_pid:
-        cpu += process_cpu_s(target.server_pid) - server0
+    client_cpu = time.process_time() - cpu0
+    server_cpu = process_cpu_s(target.server_pid) - server0 if target.server_pid else None
     tokens = sum(s.tokens for s in results)
     messages = sum(len(s.arrivals) for s in results)
     ttfts = [s.ttft * 1000 for s in results]
     gaps = [(b - a) * 1000 for s in results for a, b in zip(s.arrivals, s.arrivals[1:], strict=False)]
     return Window(tokens / elapsed, statistics.median(ttfts), percentile(ttfts, 0.99), percentile(gaps, 0.5),
-                  percentile(gaps, 0.99), tokens / messages, cpu / tokens * 1e6)
+                  percentile(gaps, 0.99), tokens / messages, (client_cpu + (server_cpu or 0.0)) / tokens * 1e6,
+                  None if server_cpu is None else server_cpu / tokens * 1e6, client_cpu / tokens * 1e6)
 
 
 async def start_server(argv: list[str], ready: str, env: dict | None = None):
@@ -187,6 +190,11 @@ METRICS = (("tps", "tokens/s", ".1f"), ("ttft_ms", "TTFT p50", ".1f"), ("ttft_p9
            ("tokens_per_message", "tok/msg", ".2f"), ("cpu_us_per_token", "CPU us/tok", ".1f"))
 
 
+def paired_ratios(a: Target, b: Target, c: int, attr: str) -> list[float]:
+    """``a``'s figure over ``b``'s, round by round (the two windows of a round ran seconds apart), sorted."""
+    return sorted(getattr(x, attr) / getattr(y, attr) for x, y in zip(a.windows[c], b.windows[c], strict=True))
+
+
 def report(targets: list[Target], levels: list[int], rounds: int, model: str, tokens: int,
            stream_interval: int, ratios: tuple[tuple[str, str, str], ...]) -> None:
     print(f"\nmodel {model}; streams of {tokens} tokens, prompt {len(PROMPT_IDS)} tokens, "
@@ -203,8 +211,7 @@ def report(targets: list[Target], levels: list[int], rounds: int, model: str, to
     def paired(a: str, b: str, c: int, attr: str) -> str:
         if a not in by or b not in by:
             return "-"
-        pairs = zip(by[a].windows[c], by[b].windows[c], strict=True)
-        ratios = sorted(getattr(x, attr) / getattr(y, attr) for x, y in pairs)
+        ratios = paired_ratios(by[a], by[b], c, attr)
         return f"{statistics.median(ratios):.3f} [{ratios[0]:.2f}-{ratios[-1]:.2f}]"
 
     print("\nratios: median of the per-round ratios [lowest-highest]")
@@ -225,7 +232,40 @@ def parser(doc: str, makers: dict) -> argparse.ArgumentParser:
     p.add_argument("--skip", nargs="*", default=[], choices=sorted(makers))
     p.add_argument("--stream-interval", type=int, default=1)
     p.add_argument("--smoke", action="store_true", help="one short round, limit and ours only (CI)")
+    p.add_argument("--json", metavar="PATH", help="also write every round's figures, the machine, the versions, "
+                   "the command and the date as JSON (bench/plot.py streaming draws it)")
     return p
+
+
+def median_or_none(values: list) -> float | None:
+    """None when a figure was not measured (no server process; no gap between two messages: NaN)."""
+    return None if None in values or any(v != v for v in values) else statistics.median(values)
+
+
+def null_nan(window: dict) -> dict:
+    return {k: None if v != v else v for k, v in window.items()}  # NaN is no JSON value
+
+
+def results(targets: list[Target], levels: list[int], ratios: tuple[tuple[str, str, str], ...]) -> dict:
+    """The figures of ``report`` as data: per target and stream count the medians and every round's
+    window, then each ratio's median and range over the per-round ratios."""
+    by = {t.name: t for t in targets}
+
+    def level(t: Target, c: int) -> dict:
+        rounds = [null_nan(asdict(w)) for w in t.windows[c]]
+        return {"streams": c, "median": {k: median_or_none([w[k] for w in rounds]) for k in rounds[0]},
+                "rounds": rounds}
+
+    out = {"targets": {t.name: {"server_process": t.server_pid is not None,
+                                "windows": [level(t, c) for c in levels]} for t in targets},
+           "ratios": []}
+    for a, b, attr in ratios:
+        if a in by and b in by:
+            for c in levels:
+                r = paired_ratios(by[a], by[b], c, attr)
+                out["ratios"].append({"of": a, "to": b, "metric": attr, "streams": c,
+                                      "median": statistics.median(r), "low": r[0], "high": r[-1]})
+    return out
 
 
 def model_dir(args) -> str:
@@ -238,8 +278,9 @@ def model_dir(args) -> str:
 
 
 async def run(args, makers: dict, optional: dict[str, str], flags: list[str], model: str,
-              ratios: tuple[tuple[str, str, str], ...]) -> None:
-    """Start every target not skipped, measure in interleaved rounds, report, stop them all."""
+              ratios: tuple[tuple[str, str, str], ...], settings: dict | None = None) -> None:
+    """Start every target not skipped, measure in interleaved rounds, report, stop them all;
+    ``settings`` adds to (or overrides) what --json records of how the bench was run."""
     if args.smoke:
         args.concurrency, args.rounds, args.seconds, args.tokens = [1, 4], 1, 0.5, 8
         args.skip = [k for k in makers if k not in ("limit", "ours")]
@@ -265,3 +306,9 @@ async def run(args, makers: dict, optional: dict[str, str], flags: list[str], mo
             if t.close is not None:
                 await t.close()
     report(targets, args.concurrency, args.rounds, model, args.tokens, args.stream_interval, ratios)
+    if args.json:
+        settings = {"model": model, "size": None if args.model else getattr(args, "size", None),
+                    "tokens": args.tokens, "prompt_tokens": len(PROMPT_IDS), "stream_interval": args.stream_interval,
+                    "rounds": args.rounds, "seconds": args.seconds, "concurrency": args.concurrency,
+                    "ours_extra_flags": os.environ.get("OPENENGINE_BENCH_OURS_FLAGS", ""), **(settings or {})}
+        write_results(args.json, "streaming", settings, results(targets, args.concurrency, ratios))

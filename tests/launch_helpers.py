@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import signal
@@ -196,15 +197,34 @@ async def start_server(argv: list[str], *, env: dict[str, str] | None = None, li
             return proc, int(m.group(1)), lines
 
 
-def bench_smoke(script: str, timeout: float) -> tuple[str, list[list[str]]]:
-    """``python bench/<script> --smoke`` as a user runs it: its output and its table's ``limit`` and
+def bench_smoke(script: str, timeout: float, *args: str) -> tuple[str, list[list[str]]]:
+    """``python bench/<script> --smoke [args]`` as a user runs it: its output and its table's ``limit`` and
     ``ours`` rows (split), each with tokens/s above 0 (the figures mean nothing at smoke size)."""
-    run = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--smoke"], cwd=ROOT,
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--smoke", *args], cwd=ROOT,
                          capture_output=True, text=True, timeout=timeout, env={**os.environ})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = [line.split() for line in run.stdout.splitlines() if line.startswith(("limit ", "ours "))]
     assert all(float(r[2]) > 0 for r in rows), run.stdout  # tokens/s
     return run.stdout, rows
+
+
+def assert_bench_json_matches_table(path: Path, rows: list[list[str]]) -> dict:
+    """The JSON holds, per target and stream count, the medians the table printed (tokens/s to its
+    0.1), one window per round, the serving CPU split into server and client, and how it was run."""
+    data = json.loads(path.read_text())
+    assert data["kind"] == "streaming" and data["command"].startswith("python bench/"), data["command"]
+    assert data["machine"]["cpus"] >= 1 and "grpcio" in data["versions"] and data["date"], data
+    for name, streams, tps, *_ in rows:
+        (window,) = [w for w in data["targets"][name]["windows"] if w["streams"] == int(streams)]
+        assert f"{window['median']['tps']:.1f}" == tps, (name, streams, window["median"])
+        assert len(window["rounds"]) == data["settings"]["rounds"] == 1
+        m = window["median"]
+        served = m["cpu_us_per_token"] - m["client_cpu_us_per_token"]
+        if data["targets"][name]["server_process"]:
+            assert abs(m["server_cpu_us_per_token"] - served) < 1e-6 * m["cpu_us_per_token"], m
+        else:
+            assert m["server_cpu_us_per_token"] is None and served == 0, m
+    return data
 
 
 def metrics_url(lines: list[str]) -> str:
