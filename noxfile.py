@@ -171,7 +171,7 @@ def docs(session: nox.Session) -> None:
         session.run("apt-get", "update", "-qq", external=True)
         session.run("apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium", external=True,
                     env={"DEBIAN_FRONTEND": "noninteractive"})
-    session.install("-e", ".[docs]", "pytest>=8")
+    session.install("-e", ".[docs,bench]", "pytest>=8")  # bench: matplotlib, tests/docs draws every result
     started = time.monotonic()
     session.run("mkdocs", "build", "--strict", "--site-dir", "site", env={"NO_MKDOCS_2_WARNING": "1"})
     session.log(f"mkdocs build --strict: {time.monotonic() - started:.1f} s")
