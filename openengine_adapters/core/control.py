@@ -18,6 +18,7 @@ log = logging.getLogger(__name__)
 ABORT_CONFIRM_S = 2.0  # Abort waits this long for its targets to end before it interrupts their streams
 SHUTDOWN_ABORT_GRACE_S = 3.0  # SIGTERM: after the drain grace, how long aborted work may take to end
 
+
 class ControlRpcs(CoreState):
     async def Health(self, request: lifecycle_pb2.HealthRequest, context):
         probe_model = None

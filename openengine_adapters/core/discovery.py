@@ -32,7 +32,6 @@ def routable_url(url: str, host: str) -> str:
     return url
 
 
-
 class DiscoveryRpcs(CoreState):
     async def GetEngineInfo(self, request, context):
         return engine_messages.engine_info(

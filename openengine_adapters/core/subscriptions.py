@@ -20,9 +20,11 @@ log = logging.getLogger(__name__)
 
 
 class SubscriptionRpcs(CoreState):
-    async def _event_stream(self, request, context, feature: Feature, what: str,
+    async def _event_stream(self, feature: Feature, what: str,
                             open_stream: Callable[[], AsyncIterator], wrap: Callable,
                             response_type) -> AsyncIterator:
+        """One subscription: refused (raised) if it cannot start; once started, every item wrapped as a
+        response, and a failure of the engine's stream as one terminal error response."""
         try:
             self._require(feature, what)
             self._check_accepting()
@@ -78,7 +80,7 @@ class SubscriptionRpcs(CoreState):
 
     async def SubscribeKvEvents(self, request: kv_pb2.SubscribeKvEventsRequest, context):
         stream = self._event_stream(
-            request, context, Feature.KV_EVENTS, "SubscribeKvEvents",
+            Feature.KV_EVENTS, "SubscribeKvEvents",
             lambda: self.backend.kv_events(list(request.data_parallel_ranks),
                                            request.include_snapshot, request.start_sequence_number),
             lambda batch: kv_pb2.SubscribeKvEventsResponse(batch=kv_messages.kv_event_batch(batch)),
@@ -97,7 +99,7 @@ class SubscriptionRpcs(CoreState):
             return self.backend.runtime_events(types)
 
         stream = self._event_stream(
-            request, context, Feature.RUNTIME_EVENTS, "SubscribeRuntimeEvents", open_stream,
+            Feature.RUNTIME_EVENTS, "SubscribeRuntimeEvents", open_stream,
             lambda ev: observability_pb2.SubscribeRuntimeEventsResponse(
                 runtime_event=observability_messages.runtime_event(ev)),
             observability_pb2.SubscribeRuntimeEventsResponse)
