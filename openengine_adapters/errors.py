@@ -120,6 +120,21 @@ def precondition(message: str, *, retry_after_ms: int | None = None) -> RequestR
                            retry_after_ms=retry_after_ms)
 
 
+def _auth_error(status: grpc.StatusCode, message: str) -> RequestRejected:
+    reason = "unauthenticated" if status == grpc.StatusCode.UNAUTHENTICATED else "permission_denied"
+    return RequestRejected(status, message, ErrorCode.UNSPECIFIED, details={"auth": reason})
+
+
+def unauthenticated(message: str) -> RequestRejected:
+    """No credentials, or wrong ones (the security interceptor)."""
+    return _auth_error(grpc.StatusCode.UNAUTHENTICATED, message)
+
+
+def permission_denied(message: str) -> RequestRejected:
+    """A known caller (or peer) that may not do this (operator RPCs, LoadLora from the network)."""
+    return _auth_error(grpc.StatusCode.PERMISSION_DENIED, message)
+
+
 class EngineFailure(Exception):
     """Failed after acceptance: exactly one terminal ``EngineError`` reports it."""
 

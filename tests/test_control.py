@@ -184,6 +184,20 @@ async def test_drain_idle_completes_with_zero_counts(oe):
     assert health.state == lifecycle_pb2.HEALTH_STATE_DRAINING
 
 
+async def test_drain_that_breaks_before_its_first_event_is_internal_with_the_trailer(oe, monkeypatch):
+    """A backend bug before the first response is a precise status with the EngineError trailer (the wire
+    answers whatever a handler raises before it responds), not gRPC's bare UNKNOWN; the server keeps serving."""
+    def broken():
+        raise RuntimeError("session table unreadable")
+
+    monkeypatch.setattr(oe.fake, "open_kv_sessions", broken)
+    exc = await expect_status(oe.stub.Drain(lifecycle_pb2.DrainRequest()), grpc.StatusCode.INTERNAL,
+                              "session table unreadable")
+    assert rejection(exc).code == ErrorCode.INTERNAL
+    monkeypatch.undo()
+    assert (await drain(oe))[-1].state == lifecycle_pb2.DRAIN_STATE_COMPLETE
+
+
 async def test_drain_waits_for_in_flight_work(oe):
     req = slow_request("w1", max_tokens=10)
     call = oe.stub.Generate(req)

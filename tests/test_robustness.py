@@ -144,7 +144,7 @@ async def test_label_only_scorer_refuses_native_scoring_before_acceptance(serve)
 
 
 def test_replay_endpoint_wildcards_are_replaced_with_the_advertised_host():
-    from openengine_adapters.core.service import routable_url
+    from openengine_adapters.core.discovery import routable_url
 
     assert routable_url("tcp://*:5558", "10.0.0.7") == "tcp://10.0.0.7:5558"
     assert routable_url("tcp://0.0.0.0:5558", "h") == "tcp://h:5558"
@@ -154,9 +154,9 @@ def test_replay_endpoint_wildcards_are_replaced_with_the_advertised_host():
 
 
 async def test_a_hanging_engine_abort_does_not_hold_the_request_forever(oe, monkeypatch):
-    from openengine_adapters.core import service
+    from openengine_adapters.core import generation
 
-    monkeypatch.setattr(service, "ABORT_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(generation, "ABORT_TIMEOUT_S", 0.2)
 
     async def hang(ids):
         await asyncio.sleep(3600)

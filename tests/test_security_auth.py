@@ -24,10 +24,10 @@ from helpers import (
 
 from openengine_adapters.errors import ERROR_TRAILER
 from openengine_adapters.security.channel import open_channel
-from openengine_adapters.security.policy import is_loopback
 from openengine_adapters.security.tokens import Caller, TokenSet, bearer_token
 from openengine_adapters.v0_1 import error_pb2 as v01_error_pb2
 from openengine_adapters.v1 import engine_pb2, error_pb2, lifecycle_pb2, lora_pb2, openengine_pb2_grpc
+from openengine_adapters.validation.peer import is_loopback
 from openengine_adapters.wire.v0_1.stub import V01Stub
 
 UNAUTHENTICATED, DENIED = grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED

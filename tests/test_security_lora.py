@@ -10,6 +10,7 @@ import pytest
 from fake_backend import FakeBackend, default_card
 from helpers import rejection, serve_backend, start_fake, stop_fake
 
+from openengine_adapters.errors import RequestRejected
 from openengine_adapters.security.channel import open_channel
 from openengine_adapters.v1 import lora_pb2, openengine_pb2_grpc
 from openengine_adapters.wire.v0_1.stub import V01Stub
@@ -73,11 +74,8 @@ async def test_lora_disabled_is_failed_precondition_before_the_root_rule():
             def peer(self):
                 return "ipv4:198.18.13.2:40000"
 
-            async def abort(self, code, details="", trailing_metadata=()):
-                raise grpc.aio.AbortError(code, details)
-
         adapter = lora_pb2.LoraAdapter(lora_id=1, lora_name="a", source_path="/tmp")
         request = lora_pb2.LoadLoraRequest(adapter=adapter)
-        with pytest.raises(grpc.aio.AbortError) as caught:
+        with pytest.raises(RequestRejected) as caught:  # the wire answers it with this status
             await h.service.LoadLora(request, RemotePeer())
-        assert caught.value.args[0] == grpc.StatusCode.FAILED_PRECONDITION
+        assert caught.value.status == grpc.StatusCode.FAILED_PRECONDITION

@@ -46,11 +46,8 @@ FLOORS: dict[str, list[list[str]]] = {
 
 # (importer, imported) -> why it is still here. Remove a line with the breach it names.
 KNOWN: dict[tuple[str, str], str] = {
-    ("openengine_adapters.core.service", "openengine_adapters.security.policy"): "upward; issue 26 item 1",
-    ("openengine_adapters.validation.tasks", "openengine_adapters.core.catalog"): "upward; issue 26 item 1",
 }
 KNOWN_PRIVATE: dict[tuple[str, str], str] = {
-    ("openengine_adapters.wire.v0_1.servicers", "openengine_adapters.core.service._unary"): "issue 26 item 1",
 }
 
 

@@ -12,12 +12,12 @@ import functools
 
 import grpc
 
+from openengine_adapters.errors import unauthenticated
 from openengine_adapters.security.policy import (
     ABORT_METHODS,
     OPERATOR_METHODS,
     UNAUTHENTICATED_PREFIXES,
     OperatorPolicy,
-    unauthenticated,
 )
 from openengine_adapters.security.tokens import Caller, TokenSet
 from openengine_adapters.wire.decode import Undecodable

@@ -9,19 +9,15 @@ decoded target. The rule:
 - without one, operator RPCs are accepted only from loopback peers (the host's own operator or
   sidecar), unless ``--allow-remote-operator`` opens them to every caller that passes authentication;
 - LoadLora names a directory on the server's disk: from a non-loopback peer it also needs an
-  allowed root (``--lora-root``); the core enforces both (``lora_load_refusal``), after it has
-  answered FAILED_PRECONDITION for an engine without LoRA.
+  allowed root (``--lora-root``); the core enforces both (``core.lora.lora_load_refusal``), after it
+  has answered FAILED_PRECONDITION for an engine without LoRA.
 """
 
 from __future__ import annotations
 
-import ipaddress
-
-import grpc
-
-from openengine_adapters.errors import RequestRejected
+from openengine_adapters.errors import RequestRejected, permission_denied, unauthenticated
 from openengine_adapters.security.tokens import Caller
-from openengine_adapters.types import ErrorCode
+from openengine_adapters.validation.peer import is_loopback
 
 OPERATOR_METHODS = frozenset({
     "/openengine.v1.OpenEngine/Drain",
@@ -34,46 +30,6 @@ OPERATOR_METHODS = frozenset({
 ABORT_METHODS = frozenset({"/openengine.v1.OpenEngine/Abort", "/openengine.v1.Control/Abort"})
 # open to anyone: probes (kubelet, Docker HEALTHCHECK, load balancers) send no credentials
 UNAUTHENTICATED_PREFIXES = ("/grpc.health.v1.Health/",)
-
-
-def is_loopback(peer: str) -> bool:
-    """``context.peer()`` (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``, ``unix:...``) is this host."""
-    kind, _, rest = peer.partition(":")
-    if kind == "unix":
-        return True
-    if kind == "ipv4":
-        host = rest.rpartition(":")[0]
-    elif kind == "ipv6":
-        host = rest.rpartition(":")[0].strip("[]").split("%")[0]
-    else:
-        return False
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    mapped = getattr(address, "ipv4_mapped", None)
-    return address.is_loopback or (mapped is not None and mapped.is_loopback)
-
-
-def _auth_error(status: grpc.StatusCode, message: str) -> RequestRejected:
-    reason = "unauthenticated" if status == grpc.StatusCode.UNAUTHENTICATED else "permission_denied"
-    return RequestRejected(status, message, ErrorCode.UNSPECIFIED, details={"auth": reason})
-
-
-def lora_load_refusal(root: str | None, peer: str) -> RequestRejected | None:
-    """With no adapter root, only loopback may name directories on this host for LoadLora."""
-    if root is None and not is_loopback(peer):
-        return permission_denied("LoadLora from the network needs an allowed adapter root on this server "
-                                 "(--lora-root); without one only loopback may load adapters")
-    return None
-
-
-def unauthenticated(message: str) -> RequestRejected:
-    return _auth_error(grpc.StatusCode.UNAUTHENTICATED, message)
-
-
-def permission_denied(message: str) -> RequestRejected:
-    return _auth_error(grpc.StatusCode.PERMISSION_DENIED, message)
 
 
 class OperatorPolicy:

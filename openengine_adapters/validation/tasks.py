@@ -19,7 +19,6 @@ from openengine_adapters.backend import (
     TaskContext,
     TaskItem,
 )
-from openengine_adapters.core.catalog import ModelCatalog
 from openengine_adapters.errors import (
     ErrorCode,
     RequestRejected,
@@ -35,6 +34,7 @@ from openengine_adapters.types import (
     ValueSemantics,
 )
 from openengine_adapters.v1 import classification_pb2, embedding_pb2, scoring_pb2, tasks_pb2
+from openengine_adapters.validation.catalog import ModelCatalog
 from openengine_adapters.validation.generate import parse_media_item
 from openengine_adapters.validation.ids import check_request_id
 from openengine_adapters.validation.inputs import check_media, check_token_ids, check_unique

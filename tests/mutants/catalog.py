@@ -59,6 +59,13 @@ def _core():
     return service
 
 
+def _family(name: str):
+    """The core module of one RPC family (``generation``, ``tasks``, ``control``, ``lora``, ...)."""
+    import importlib
+
+    return importlib.import_module(f"openengine_adapters.core.{name}")
+
+
 def edit_responses(edit: Callable) -> None:
     """Rewrite the Generate stream both surfaces send: ``edit(resp, request, state)`` returns the
     response, a list of responses or None (dropped); ``state`` is a dict per request."""
@@ -78,8 +85,8 @@ def edit_responses(edit: Callable) -> None:
 def wrap_parse_generate(before: Callable | None = None, after: Callable | None = None) -> None:
     """Wrap the core's request validation: ``before(req, card, engine)`` may raise a rejection,
     ``after(params, req, card)`` returns the (altered) params."""
-    service = _core()
-    original = service.parse_generate
+    generation = _family("generation")
+    original = generation.parse_generate
 
     def parse(req, request_id, card, engine, lenient=None):
         if before is not None:
@@ -87,7 +94,7 @@ def wrap_parse_generate(before: Callable | None = None, after: Callable | None =
         params = original(req, request_id, card, engine, lenient)
         return after(params, req, card) if after is not None else params
 
-    service.parse_generate = parse
+    generation.parse_generate = parse
 
 
 def patch_method(cls, name: str, make: Callable) -> None:
@@ -464,7 +471,7 @@ def _():
 
 @mutant("validate.unknown_model_defaulted", "an unknown model returns NOT_FOUND")
 def _():
-    from openengine_adapters.core import catalog
+    from openengine_adapters.validation import catalog
 
     original = catalog.ModelCatalog.resolve
 
@@ -780,7 +787,7 @@ def _():
             request.ClearField("deadline_ms")
         return original(request, *args, **kwargs)
     drain.run_drain = run_drain
-    _core().run_drain = run_drain
+    _family("control").run_drain = run_drain
 
 
 @mutant("drain.generate_accepted_after_drain", "after Drain(stop_accepting_new_requests) Generate is refused")
@@ -835,11 +842,10 @@ def _():
 def _():
     def make(original):
         async def LoadLora(self, request, context):
-            from openengine_adapters.core.service import reject
             from openengine_adapters.errors import RequestRejected
 
             if request.adapter.lora_name in self._loras:
-                await reject(context, RequestRejected(grpc.StatusCode.ALREADY_EXISTS, "adapter: already loaded"))
+                raise RequestRejected(grpc.StatusCode.ALREADY_EXISTS, "adapter: already loaded")
             return await original(self, request, context)
         return LoadLora
     patch_method(_core().EngineService, "LoadLora", make)
@@ -919,7 +925,7 @@ def _():
 
 @mutant("model_info.unknown_model_found", "GetModelInfo of an unknown model returns NOT_FOUND")
 def _():
-    from openengine_adapters.core import catalog
+    from openengine_adapters.validation import catalog
 
     original = catalog.ModelCatalog.resolve
 
@@ -1041,7 +1047,7 @@ def _():
             request.inputs.add(item_id="x", text="x")
         return original(request, catalog, loras)
     vt.parse_embed = parse_embed
-    _core().parse_embed = parse_embed
+    _family("tasks").parse_embed = parse_embed
 
 
 @mutant("tasks.unadvertised_priority_accepted", "a task priority is used only where the task advertises it")
@@ -1079,7 +1085,7 @@ def _():
 
 @mutant("kv.event_source_wildcard", "endpoint_addr is a routable host:port, never a bind wildcard")
 def _():
-    _core().WILDCARD_HOSTS = frozenset()
+    _family("discovery").WILDCARD_HOSTS = frozenset()
 
 
 @mutant("runtime.type_filter_ignored", "a subscription receives only the event types it asked for")
@@ -1107,27 +1113,24 @@ def _():
 @mutant("errors.trailer_wrong_code", "the openengine-error-bin trailer carries the EngineError of the rejection "
         "(its code matches the status)")
 def _():
-    service = _core()
     from openengine_adapters.types import ErrorCode
+    from openengine_adapters.wire import refusal
 
-    original = service.reject
+    original = refusal.refuse
 
-    async def reject(context, r):
+    async def refuse(context, method, r):
         r.code = ErrorCode.INTERNAL
-        await original(context, r)
-    service.reject = reject
-    from openengine_adapters.wire.v0_1 import servicers
-
-    servicers.reject = reject
+        await original(context, method, r)
+    refusal.refuse = refuse
 
 
 @mutant("errors.trailer_dropped", "rejections carry the serialized EngineError in the openengine-error-bin trailer")
 def _():
-    async def reject(context, r):
+    from openengine_adapters.wire import refusal
+
+    async def refuse(context, method, r):
         await context.abort(r.status, r.message)
-    _core().reject = reject
-    _, servicers, _ = _v01()
-    servicers.reject = reject
+    refusal.refuse = refuse
 
 
 # ============================================================================= v0.1.0 wire
@@ -1272,7 +1275,7 @@ def _():
             raise invalid(f"extra.{unknown[0]}: unknown key")
         return original(values, known)
     ve.parse_extra = parse_extra
-    _core().parse_extra = parse_extra
+    _family("generation").parse_extra = parse_extra
 
 
 @mutant("v0_1.application_metadata_dropped", "application-specific metadata keys reach the engine as request "

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import fake_trtllm
 
-from openengine_adapters.core.catalog import ModelCatalog
+from openengine_adapters.validation.catalog import ModelCatalog
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "trtllm_gpu_check.py"

@@ -2,8 +2,8 @@
 
 Every call runs in the same ``EngineService`` as revision 1 (one request table, admission, drain and
 KV-session table). Requests are checked for the v0.1.0-only rules here (metadata keys, ``extra``,
-MODALITY_UNSPECIFIED), translated, and handed to the core; rejections the core raises reach the
-client with v0.1.0's EngineError in the ``openengine-error-bin`` trailer.
+MODALITY_UNSPECIFIED), translated, and handed to the core; what is refused here or in the core
+reaches the client with v0.1.0's EngineError in the ``openengine-error-bin`` trailer (``wire.refusal``).
 
 The handlers are registered by hand (``register``) rather than through the generated
 ``add_*Servicer_to_server``: wire-identical messages cross as their revision-1 twins
@@ -13,14 +13,13 @@ do not decode are refused INVALID_ARGUMENT with the trailer (``wire.decode``).
 
 from __future__ import annotations
 
-import functools
 import importlib.metadata
 
 import grpc
 
 from openengine_adapters import schema
-from openengine_adapters.core.service import EngineService, _unary, reject
-from openengine_adapters.errors import ERROR_TRAILER, RequestRejected, invalid
+from openengine_adapters.core.service import EngineService
+from openengine_adapters.errors import invalid
 from openengine_adapters.messages import model as model_messages
 from openengine_adapters.types import EngineRole
 from openengine_adapters.v0_1 import (
@@ -38,33 +37,6 @@ from openengine_adapters.wire.v0_1 import metadata, translate
 
 INFERENCE = openengine_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
 CONTROL = openengine_pb2.DESCRIPTOR.services_by_name["Control"].full_name
-
-
-class _Call:
-    """The call's context, with the revision-1 error trailer the core sends re-encoded for v0.1.0."""
-
-    __slots__ = ("_context",)
-
-    def __init__(self, context) -> None:
-        self._context = context
-
-    def __getattr__(self, name):
-        return getattr(self._context, name)
-
-    async def abort(self, code, details="", trailing_metadata=()):
-        trailer = tuple((k, translate.error_trailer(v) if k == ERROR_TRAILER else v) for k, v in trailing_metadata)
-        await self._context.abort(code, details, trailer)
-
-
-def _unary_call(method):
-    """A Control handler: the core's unary error funnel, answering with v0.1.0's trailer."""
-    funnel = _unary(method)
-
-    @functools.wraps(method)
-    async def handler(self, request, context):
-        return await funnel(self, request, _Call(context))
-
-    return handler
 
 
 def adapter_version() -> str:
@@ -97,13 +69,8 @@ class InferenceServicer:
         return core_request, extra, meta.trace_headers
 
     async def Generate(self, request: generation_pb2.GenerateRequest, context):
-        call = _Call(context)
-        try:
-            core_request, extra, trace = self._translate(request, context)
-        except RequestRejected as r:
-            await reject(call, r)
-            return
-        async for response in self.core.Generate(core_request, call, extra, trace, lenient=True):
+        core_request, extra, trace = self._translate(request, context)
+        async for response in self.core.Generate(core_request, context, extra, trace, lenient=True):
             # every event but an error is already v0.1.0's bytes (translate's docstring)
             yield translate.generate_error(response) if response.HasField("error") else response
 
@@ -123,7 +90,6 @@ class ControlServicer:
             extra["decode_without_kv_session"] = f"refused: {refusal}" if refusal else "served"
         return {**self.core.identity.extra, **extra}
 
-    @_unary_call
     async def GetServerInfo(self, request, context):
         core = self.core
         info = await core.GetEngineInfo(None, context)
@@ -131,7 +97,6 @@ class ControlServicer:
         return translate.server_info(info, core.identity, cards[0] if cards else None,
                                      schema.V0_1_SCHEMA_RELEASE, self.server_extra())
 
-    @_unary_call
     async def GetModelInfo(self, request, context):
         core = self.core
         card = core.catalog.resolve(request.model, required=True)
@@ -149,36 +114,29 @@ class ControlServicer:
                 extra["revision1_tasks"] = tasks  # Embed/Classify/Score are served on revision 1
         return translate.model_info(model_messages.model_info(card, core.identity.role, lenient=True), extra)
 
-    @_unary_call
     async def GetLoad(self, request, context):
         return translate.load_info(await self.core.load_snapshot(request.include_per_rank), self.core.instance_id)
 
-    @_unary_call
     async def Health(self, request, context):
         return translate.health_response(await self.core.Health(request, context))
 
-    @_unary_call
     async def Abort(self, request, context):
         return await self.core.Abort(request, context)
 
-    @_unary_call
     async def LoadLora(self, request, context):
         return await self.core.LoadLora(request, context)
 
-    @_unary_call
     async def UnloadLora(self, request, context):
         return await self.core.UnloadLora(request, context)
 
-    @_unary_call
     async def ListLoras(self, request, context):
         return await self.core.ListLoras(request, context)
 
-    @_unary_call
     async def GetKvEventSources(self, request, context):
         return self.core.kv_event_sources(request, native=True)
 
     async def SubscribeKvEvents(self, request, context):
-        async for response in self.core.SubscribeKvEvents(request, _Call(context)):
+        async for response in self.core.SubscribeKvEvents(request, context):
             yield translate.kv_events_error(response.error) if response.HasField("error") else response
 
 
