@@ -533,3 +533,21 @@ async def test_decode_that_cannot_serve_locally_says_why(serve):
         info = await control.GetServerInfo(v01_server.GetServerInfoRequest())
         assert json_format.MessageToDict(info.extra)["decode_without_kv_session"].startswith("refused: ")
         assert not fake.seen_params
+
+
+def test_v0_1_kv_batches_leave_out_vllms_default_cache_kind_that_dynamo_refuses():
+    """vLLM 0.32 marks every BlockStored ``kv_cache_spec_kind = "full_attention"``; Dynamo's KV reader
+    (ai-dynamo/dynamo lib/sidecar/openengine/src/kv.rs @0cc34d99, ``convert_event``) refuses any kind and
+    ends its subscription. On v0.1.0 the default kind is left out; any other kind stays (a hybrid cache)."""
+    from openengine_adapters.wire.v0_1 import translate
+
+    resp = kv_pb2.SubscribeKvEventsResponse()
+    for kind, window in (("full_attention", 0), ("sliding_window", 128), ("full_attention", 64), ("", 0)):
+        resp.batch.events.add().block_stored.CopyFrom(kv_pb2.BlockStored(
+            block_size=32, kv_cache_spec_kind=kind, kv_cache_spec_sliding_window=window))
+    resp.batch.events.add().block_removed.SetInParent()
+    out = translate.kv_events_batch(resp)
+    assert [(e.block_stored.kv_cache_spec_kind, e.block_stored.kv_cache_spec_sliding_window)
+            for e in out.batch.events if e.HasField("block_stored")] == \
+        [("", 0), ("sliding_window", 128), ("full_attention", 64), ("", 0)]
+    assert out.batch.events[-1].HasField("block_removed")

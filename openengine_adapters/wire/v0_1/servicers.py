@@ -137,7 +137,8 @@ class ControlServicer:
 
     async def SubscribeKvEvents(self, request, context):
         async for response in self.core.SubscribeKvEvents(request, context):
-            yield translate.kv_events_error(response.error) if response.HasField("error") else response
+            yield translate.kv_events_error(response.error) if response.HasField("error") else \
+                translate.kv_events_batch(response)
 
 
 def _handler(service: str, name: str, method, request_type, response_streaming: bool = False):

@@ -143,6 +143,25 @@ def kv_events_error(err: rev1_error_pb2.EngineError) -> kv_pb2.SubscribeKvEvents
     return kv_pb2.SubscribeKvEventsResponse(error=engine_error(err))
 
 
+DEFAULT_KV_CACHE_SPEC_KIND = "full_attention"  # vLLM's KVCacheSpecKind of a plain transformer's one group
+
+
+def kv_events_batch(response):
+    """A batch as v0.1.0 readers take it: vLLM (0.32) annotates every BlockStored with its KV cache
+    group's kind, ``full_attention`` for a plain model, and Dynamo's KV reader (kv.rs
+    ``convert_event`` @0cc34d99) refuses any BlockStored that carries a kind ("unsupported KV cache
+    group/spec metadata"), ending its subscription. The default kind with no sliding window says
+    nothing a router needs, and the field is optional metadata: it is left out here. Any other kind
+    (sliding window, MLA, Mamba: a hybrid cache a router cannot index as one) stays. Revision 1 keeps
+    the engine's annotation."""
+    for event in response.batch.events:
+        if event.WhichOneof("event") == "block_stored":
+            stored = event.block_stored
+            if stored.kv_cache_spec_kind == DEFAULT_KV_CACHE_SPEC_KIND and not stored.kv_cache_spec_sliding_window:
+                stored.kv_cache_spec_kind = ""
+    return response
+
+
 # --------------------------------------------------------------------------- discovery
 
 

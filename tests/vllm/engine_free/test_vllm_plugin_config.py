@@ -7,7 +7,11 @@ import asyncio
 import logging
 from types import SimpleNamespace
 
+import pytest
+
 from openengine_adapters.vllm import plugin
+
+pytest.importorskip("vllm.logger")  # runs in the vllm session (the unit session collects this folder too)
 
 
 class Lines(logging.Handler):
