@@ -149,7 +149,10 @@ class Launched:
         return "".join(self.lines[-n:])
 
     def kill(self) -> None:
-        """Clean-up after a failed test: the launcher's group and the processes it started."""
+        """Clean-up after a failed test: the launcher's group and the processes it started (recorded now
+        too: an engine that never got ready, in a process group of its own, would outlive the test)."""
+        if self.proc.poll() is None:
+            self.record_children()
         for p in self.leftovers(grace_s=0):
             with contextlib.suppress(Exception):
                 p.kill()

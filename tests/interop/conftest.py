@@ -149,11 +149,8 @@ def _free_port() -> int:
 FAKE = [sys.executable, str(HERE / "serve_fake_role.py"), "--host", "127.0.0.1", "--port", "0",
         "--advertise-host", "127.0.0.1", "--drain-grace-s", "0.5", "--fake-step-ms", "10"]
 TRTLLM_MODEL = "Qwen/Qwen3-0.6B"  # a hub name, as in lib/sidecar/trtllm/deploy/agg.yaml: the fake builds nothing
-# --block-size 32 (the CPU attention backend takes multiples of 32): its default, 128 tokens, is more than a
-# replayed prompt (40 tokens) fills, and vLLM publishes BlockStored only for full blocks (the KV router
-# replays saw no event)
 VLLM_FLAGS = ["--served-model-name", "tiny", "--max-model-len", "512", "--enforce-eager",
-              "--gpu-memory-utilization", "0.2", "--dtype", "float32", "--seed", "0", "--block-size", "32"]
+              "--gpu-memory-utilization", "0.2", "--dtype", "float32", "--seed", "0"]
 
 
 def _trtllm_env() -> dict:

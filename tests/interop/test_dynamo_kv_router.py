@@ -20,6 +20,10 @@ from replay import PROMPT, new_id, stream
 
 from openengine_adapters.v0_1 import kv_pb2
 
+# 160 tokens: a full KV block on every target (engines publish BlockStored for full blocks only, and vLLM's
+# CPU backend keeps 128-token blocks; its attention backend takes only multiples of 32 as --block-size)
+PROMPT = PROMPT * 4
+
 
 class Stream:
     """One live subscription read in a thread, as ``subscribe_loop`` reads it."""
