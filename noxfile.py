@@ -86,7 +86,8 @@ def vllm(session: nox.Session) -> None:
     env = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1"}
     session.run("python", "-m", "pytest", "tests/vllm", "-p", "no:cacheprovider", *session.posargs, env=env)
-    # the interop suite on real vLLM (aggregated; prefill + decode over NIXL): a pytest run of its own, as
+    # the interop suite on real vLLM (aggregated; the NIXL pair only with INTEROP_TARGETS=vllm-pd, see
+    # tests/interop/README.md): a pytest run of its own, as
     # each folder's tests import their own conftest module (posargs narrow tests/vllm only, for that reason)
     session.run("python", "-m", "pytest", "tests/interop", "-p", "no:cacheprovider", env=env)
 
