@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 
 import grpc
@@ -75,6 +76,21 @@ async def watch_health(channel, seen: list) -> None:
             seen.append(resp.status)
 
 
+async def first_runtime_event(stub, runtime, timeout: float = 60) -> None:
+    """Short Generates until ``runtime`` (a SubscribeRuntimeEvents call) yields its first event: the
+    server has then registered the subscription, which it does at a moment the client cannot see."""
+    first = asyncio.ensure_future(runtime.read())
+    deadline = time.monotonic() + timeout
+    for n in itertools.count():
+        if first.done():
+            break
+        assert time.monotonic() < deadline, "no runtime event while Generates ran"
+        await rest(stub.Generate(gen_request("ping", request_id=f"ping-{n}", model="tiny",
+                                             stopping=g.StoppingOptions(max_tokens=2))))
+        await asyncio.wait([first], timeout=0.5)
+    assert first.result() is not grpc.aio.EOF
+
+
 async def death_is_seen_by_every_client_then_the_process_exits(server: Launched, stub, channel, kill,
                                                                engine: str, cause: str) -> float:
     """Open Generates, a KV and a runtime-event subscription and a grpc.health Watch; ``kill()``; each
@@ -84,12 +100,15 @@ async def death_is_seen_by_every_client_then_the_process_exits(server: Launched,
     seen: list = []
     watcher = asyncio.ensure_future(watch_health(channel, seen))
     await eventually(lambda: seen == [SERVING])
+    # the subscriptions first, proven open by a runtime event: on a fast machine the tiny model's 400
+    # tokens take half a second, and a subscription that the server registered after they ended saw
+    # nothing (CI of 2026-12-04)
+    kv = stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest())
+    runtime = stub.SubscribeRuntimeEvents(observability_pb2.SubscribeRuntimeEventsRequest())
+    await first_runtime_event(stub, runtime)
     calls = [long_generate(stub, f"dies-{i}") for i in range(3)]
     for call in calls:
         await asyncio.wait_for(call.read(), 60)
-    kv = stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest())
-    runtime = stub.SubscribeRuntimeEvents(observability_pb2.SubscribeRuntimeEventsRequest())
-    await asyncio.wait_for(runtime.read(), 30)  # FORWARD_PASS events flow while the Generates run
     killed_at = time.monotonic()
     kill()
     for call in calls:
