@@ -9,7 +9,7 @@ from helpers import collect, expect_status, gen_request, rejection
 from stream_contract import check_generate_stream
 
 from openengine_adapters import backend as be
-from openengine_adapters.types import EngineRole, ErrorCode
+from openengine_adapters.types import EngineRole, ErrorCode, GuidedMode
 from openengine_adapters.v1 import generation_pb2 as g
 from openengine_adapters.v1 import input_pb2, kv_pb2
 
@@ -331,7 +331,7 @@ async def test_unadvertised_explicit_options_are_rejected_not_ignored(serve, nam
 
 async def test_json_schema_validated_before_acceptance(serve):
     card = default_card(generation=be.GenerationSupport(
-        guided_decoding=be.GuidedSupport(True, (be.GuidedMode.JSON_SCHEMA, be.GuidedMode.STRUCTURAL_TAG))))
+        guided_decoding=be.GuidedSupport(True, (GuidedMode.JSON_SCHEMA, GuidedMode.STRUCTURAL_TAG))))
     async with serve(None, cards=[card]) as h:
         await expect_status(h.stub.Generate(gen_request(guided=g.GuidedDecoding(json_schema="{oops"))),
                             INVALID, "json_schema", "JSON")

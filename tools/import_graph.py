@@ -27,7 +27,7 @@ FLOORS: dict[str, list[list[str]]] = {
     "openengine_adapters": [
         ["<package>", "types", "schema", "v1", "v0_1", "metrics", "stop_text"],  # contract data, no rules
         ["torch_extensions", "engine_processes"],  # what engine processes do first and how they end
-        ["backend", "errors", "task_results", "sampling", "event_hub", "messages", "guided", "rerank"],  # the seam
+        ["backend", "errors", "sampling", "event_hub", "messages", "guided", "rerank"],  # the seam
         ["validation", "kv_events", "engine_kit"],  # rules and what engines share
         ["core"],  # the engine-agnostic service
         ["wire", "security"],  # the surfaces and what guards them

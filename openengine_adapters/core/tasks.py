@@ -7,7 +7,7 @@ import logging
 
 from openengine_adapters.core.state import CoreState
 from openengine_adapters.errors import EngineFailure, RequestRejected, refusal, rejected
-from openengine_adapters.task_results import classify_response, embed_response, score_response
+from openengine_adapters.messages.tasks import classify_response, embed_response, score_response
 from openengine_adapters.types import ErrorCode, Feature
 from openengine_adapters.validation.tasks import parse_classify, parse_embed, parse_score
 

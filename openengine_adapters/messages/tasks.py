@@ -1,4 +1,5 @@
-"""Backend task results -> Embed/Classify/Score responses, checking every output invariant.
+"""Task results as ``EmbedResponse``, ``ClassifyResponse`` and ``ScoreResponse``, checking every
+output invariant.
 
 A backend result that breaks the contract (wrong count, bad tensor, UNSPECIFIED semantics...)
 is an INTERNAL failure of the call, never a malformed success.
