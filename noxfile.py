@@ -83,11 +83,12 @@ def vllm(session: nox.Session) -> None:
     # PyPI's CUDA builds of these break imports beside the CPU torch in the test process, which imports
     # vLLM without the launcher's torch_extensions (engines/vllm.md)
     session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
+    # tests/vllm/shims: a sitecustomize giving NIXL's busy-polling progress thread a 2 ms pause, so that a
+    # prefill + decode pair does not take both of CI's cores (test environment only; see its docstring)
     env = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1"}
+           "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).resolve().parent / "tests" / "vllm" / "shims")}
     session.run("python", "-m", "pytest", "tests/vllm", "-p", "no:cacheprovider", *session.posargs, env=env)
-    # the interop suite on real vLLM (aggregated; the NIXL pair only with INTEROP_TARGETS=vllm-pd, see
-    # tests/interop/README.md): a pytest run of its own, as
+    # the interop suite on real vLLM (aggregated, and prefill + decode over NIXL): a pytest run of its own, as
     # each folder's tests import their own conftest module (posargs narrow tests/vllm only, for that reason)
     session.run("python", "-m", "pytest", "tests/interop", "-p", "no:cacheprovider", env=env)
 

