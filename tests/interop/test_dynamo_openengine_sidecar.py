@@ -24,7 +24,9 @@ from dynamo_trtllm import session_from_json as trt_session_from_json
 from dynamo_trtllm import session_to_json as trt_session_to_json
 from replay import PROMPT, TRACE, new_id, stream, through_dynamo, wait_idle
 
-from openengine_adapters.v0_1 import server_pb2
+from openengine_adapters.v0_1 import kv_pb2, server_pb2
+
+SGLANG_FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # SGLang's FAKE_BOOTSTRAP_HOST: the fake backend transfers nothing
 
 
 def run(server, disc: Discovery, r: Preprocessed, mode: str | None = None):
@@ -139,3 +141,29 @@ def test_prefill_decode_through_the_json_handoff(pd, target):
                                                prefill_result=handoff))
     assert sum(len(o.token_ids) for o in douts) == 6 and douts[-1].finish_reason == "length"
     assert douts[-1].usage[0] == len(PROMPT)
+
+
+def test_decode_leg_of_a_relayed_handoff(target):
+    """A DECODE server with no PREFILL server beside it (SGLang on CPU: only its ``fake`` transfer
+    backend runs, and only for DECODE): the sidecar's decode leg takes the ``disaggregated_params`` JSON
+    of an SGLang prefill's PrefillReady (the KvSessionRef our SGLang PREFILL emits, at SGLang's fake
+    bootstrap host: ``sglang/backend.py`` ``_disagg``) after ``kv_session_to_disagg_json`` and Dynamo's
+    JSON transport, builds the decode request (``prefill_result`` set, mode ``decode``) and reads the
+    stream strictly to its terminal."""
+    if target.decode is None or target.prefill is not None:
+        pytest.skip(f"{target.name}: the decode leg alone is replayed where no PREFILL server runs")
+    decode = target.decode
+    ddisc = start_up(decode.control)
+    assert ddisc.mode == "decode"
+    ref = kv_pb2.KvSessionRef(session_id=new_id(), transfer_backend="fake", dp_rank=0)
+    ref.endpoints.add(host=SGLANG_FAKE_BOOTSTRAP_HOST, port=8998, protocol="sglang-bootstrap")
+    # a room past 2^53 travels as a decimal string (Struct numbers are doubles; Dynamo's codec refuses them)
+    ref.attributes_struct.update({"bootstrap_host": SGLANG_FAKE_BOOTSTRAP_HOST, "bootstrap_port": 8998,
+                                  "bootstrap_room": str(2**60 + 7), "prefill_dp_rank": 0})
+    handoff = through_dynamo(kv_session_to_disagg_json(ref))
+    assert disagg_json_to_kv_session(handoff) == ref, "the handoff changed in transit"
+    _, douts = run(decode, ddisc, Preprocessed(PROMPT, temperature=0.0, max_tokens=6, ignore_eos=True,
+                                               prefill_result=handoff))
+    assert sum(len(o.token_ids) for o in douts) == 6, douts
+    assert douts[-1].finish_reason is not None, douts[-1]
+    wait_idle(decode)
