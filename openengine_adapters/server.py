@@ -40,6 +40,7 @@ from openengine_adapters.tracing import endpoint_flag, tracing_from
 from openengine_adapters.validation.kv import WILDCARD_HOSTS
 from openengine_adapters.validation.leniency import IGNORED_OPTIONS_ENV, IGNORED_OPTIONS_POLICIES, REFUSE
 from openengine_adapters.wire import revision1, v0_1
+from openengine_adapters.wire.v0_1.translate import BLOCK_HASH_ENCODINGS, INT64, KV_BLOCK_HASH_ENCODING_ENV
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,8 @@ class ServerConfig(BaseModel):
     reuse_port: bool = False  # SO_REUSEPORT: off, so a second server on a busy port fails instead of sharing it
     # v0.1.0: a sampling option the engine would not apply is refused, or accepted and dropped (counted)
     ignored_options: Literal["refuse", "ignore"] = REFUSE
+    # v0.1.0 SubscribeKvEvents: block hashes as upstream's int64 bytes, or as the decimal Dynamo's KV router reads
+    kv_block_hash_encoding: Literal["int64", "decimal_int64"] = INT64
 
 
 def resolve_advertise_host(bind_host: str, flag: str | None) -> str:
@@ -191,6 +194,10 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                             "extra.ignored_options, e.g. a seed on SGLang without deterministic inference) is refused "
                             f"(refuse, the default) or accepted and dropped, counted and logged once (ignore); "
                             f"plugins: ${IGNORED_OPTIONS_ENV}")
+    group.add_argument("--kv-block-hash-encoding", choices=BLOCK_HASH_ENCODINGS, default=d.kv_block_hash_encoding,
+                       help="v0.1.0 SubscribeKvEvents: block hashes as 8 big-endian bytes (int64, the default, as "
+                            "upstream's text lists) or as their decimal text (decimal_int64, the only encoding "
+                            f"Dynamo's KV router reads); plugins: ${KV_BLOCK_HASH_ENCODING_ENV}")
     add_security_args(parser)
 
 
@@ -217,7 +224,9 @@ def plugin_server_config(port_env: str, host_env: str, max_in_flight_env: str, *
                         max_in_flight=int(max_in_flight) if max_in_flight else None,
                         surfaces=parse_surfaces(os.environ.get(SURFACES_ENV)), metrics=metrics_available(),
                         security=security_from_env(engine_api_keys, engine_admin_api_keys, engine_lora_root),
-                        ignored_options=os.environ.get(IGNORED_OPTIONS_ENV, "").strip() or REFUSE, **numbers)
+                        ignored_options=os.environ.get(IGNORED_OPTIONS_ENV, "").strip() or REFUSE,
+                        kv_block_hash_encoding=os.environ.get(KV_BLOCK_HASH_ENCODING_ENV, "").strip() or INT64,
+                        **numbers)
 
 
 def check_plugin_keep_alive(config: ServerConfig, host_keeps_alive: bool, host_rule: str) -> None:
@@ -238,6 +247,7 @@ def server_config_from_args(ns: argparse.Namespace) -> ServerConfig:
         security=security_from_args(ns), metrics=ns.metrics_port is not None, metrics_port=ns.metrics_port,
         reuse_port=getattr(ns, "reuse_port", False), otlp_traces_endpoint=getattr(ns, "otlp_traces_endpoint", None),
         ignored_options=getattr(ns, "ignored_options", REFUSE),
+        kv_block_hash_encoding=getattr(ns, "kv_block_hash_encoding", INT64),
         **{name: getattr(ns, name) for name in NUMERIC_SETTINGS + SWITCH_SETTINGS},
     )
 
@@ -344,6 +354,7 @@ class OpenEngineServer:
             stall_timeout_s=config.stall_timeout_s,
             progress_timeout_s=config.progress_timeout_s,
             ignored_options=config.ignored_options,
+            kv_block_hash_encoding=config.kv_block_hash_encoding,
         ))
         limit = config.max_message_mb * 1024 * 1024
         self.security = ServerSecurity(config.security)

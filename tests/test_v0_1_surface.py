@@ -551,3 +551,39 @@ def test_v0_1_kv_batches_leave_out_vllms_default_cache_kind_that_dynamo_refuses(
             for e in out.batch.events if e.HasField("block_stored")] == \
         [("", 0), ("sliding_window", 128), ("full_attention", 64), ("", 0)]
     assert out.batch.events[-1].HasField("block_removed")
+
+
+async def test_kv_block_hash_encoding_decimal_int64_is_what_v0_1_sends_when_asked(serve, monkeypatch):
+    """``--kv-block-hash-encoding decimal_int64`` (plugins: ``OPENENGINE_KV_BLOCK_HASH_ENCODING``): the v0.1.0
+    stream carries each int64 block hash as the decimal Dynamo's KV reader parses (kv.rs ``block_hash``
+    @0cc34d99); revision 1 keeps the engine's bytes. The default stays upstream's ``int64``."""
+    import argparse
+
+    from openengine_adapters.server import add_server_args, plugin_server_config, server_config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_server_args(parser)
+    assert server_config_from_args(parser.parse_args([])).kv_block_hash_encoding == "int64"
+    assert server_config_from_args(parser.parse_args(["--kv-block-hash-encoding", "decimal_int64"])
+                                   ).kv_block_hash_encoding == "decimal_int64"
+    monkeypatch.setenv("OE_TEST_PORT", "0")
+    monkeypatch.setenv("OPENENGINE_KV_BLOCK_HASH_ENCODING", "decimal_int64")
+    assert plugin_server_config("OE_TEST_PORT", "H", "M").kv_block_hash_encoding == "decimal_int64"
+    monkeypatch.setenv("OPENENGINE_KV_BLOCK_HASH_ENCODING", "decimal")
+    with pytest.raises(ValueError, match="kv_block_hash_encoding"):
+        plugin_server_config("OE_TEST_PORT", "H", "M")
+
+    async with serve(config={"kv_block_hash_encoding": "decimal_int64"}) as h:
+        inference, control = stubs(h)
+        v01 = control.SubscribeKvEvents(v01_kv.SubscribeKvEventsRequest())
+        rev1 = h.stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest())
+        await asyncio.sleep(0.2)  # both subscriptions registered before the request runs
+        await v01_collect(inference, req())
+        mine, theirs = (await asyncio.wait_for(v01.read(), 5)).batch, (await asyncio.wait_for(rev1.read(), 5)).batch
+        v01.cancel()
+        rev1.cancel()
+    (stored,) = [e.block_stored for e in mine.events if e.HasField("block_stored")]
+    (engine,) = [e.block_stored for e in theirs.events if e.HasField("block_stored")]
+    assert engine.block_hashes and [h.encoding for h in engine.block_hashes] == ["int64"] * len(engine.block_hashes)
+    assert [(h.encoding, h.value) for h in stored.block_hashes] == \
+        [("decimal_int64", str(int.from_bytes(h.value, "big", signed=True)).encode()) for h in engine.block_hashes]

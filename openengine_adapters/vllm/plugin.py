@@ -13,7 +13,8 @@ runtime events from the engine's per-step scheduler stats.
 Environment: ``OPENENGINE_GRPC_PORT`` (required to start), ``OPENENGINE_GRPC_HOST`` (default
 0.0.0.0), ``OPENENGINE_ADVERTISE_HOST``, ``OPENENGINE_MAX_IN_FLIGHT``, ``OPENENGINE_SURFACES`` (``--surfaces``:
 revision-1, v0.1.0 or both, the default), ``OPENENGINE_IGNORED_OPTIONS`` (``--ignored-options``: refuse,
-the default, or ignore), ``OPENENGINE_DRAIN_GRACE_S``
+the default, or ignore), ``OPENENGINE_KV_BLOCK_HASH_ENCODING`` (``--kv-block-hash-encoding``: int64, the
+default, or decimal_int64), ``OPENENGINE_DRAIN_GRACE_S``
 (default 30: on shutdown, how long gRPC requests may finish before they are aborted), and the
 security variables (``OPENENGINE_TLS_CERT_FILE`` ..., README "Security"). ``vllm serve --api-key``
 (or ``VLLM_API_KEY``) is required on the gRPC port too.

@@ -106,12 +106,10 @@ class Target:
 
 
 def dynamo_flags() -> list[str]:
-    """Server flags of a deployment serving Dynamo's sidecars: routers forward the seeds and
-    penalties users set, so options the engine would not apply are accepted, dropped and counted
-    (``--ignored-options ignore``, issue 24). The check for the flag goes when h/interop is merged."""
-    from openengine_adapters.server import ServerConfig
-
-    return ["--ignored-options", "ignore"] if "ignored_options" in ServerConfig.model_fields else []
+    """Server flags of a deployment serving Dynamo: routers forward the seeds and penalties users set,
+    so options the engine would not apply are accepted, dropped and counted (``--ignored-options
+    ignore``, issue 24), and Dynamo's KV router reads block hashes only as ``decimal_int64``."""
+    return ["--ignored-options", "ignore", "--kv-block-hash-encoding", "decimal_int64"]
 
 
 def _launch_all(specs: list[tuple[str, list[str], dict]]) -> dict[str, Server]:

@@ -49,12 +49,6 @@ class Stream:
         return self.batches
 
 
-def _int64(h: kv_pb2.KvBlockHash) -> int:
-    """Our encoding (``int64``: 8 big-endian bytes) read as the integer Dynamo's index keys on."""
-    assert h.encoding == "int64" and len(h.value) == 8, h
-    return int.from_bytes(h.value, "big")
-
-
 def _serve(server, tokens) -> None:
     disc = start_up(server.control)
     rid = new_id()
@@ -103,19 +97,19 @@ def test_index_rebuilt_from_the_typed_stream(target):
     reader = Subscriber(0)
     index: dict[int, list[int]] = {}
     for batch in batches:
-        reader.batch(_with_decimal(batch))  # the rules; the hash encoding is the test below
+        reader.batch(batch)
         for event in batch.events:
             kind = event.WhichOneof("event")
             if kind == "block_stored":
                 s = event.block_stored
-                parent = _int64(s.parent_block_hash) if s.HasField("parent_block_hash") else None
+                parent = block_hash(s.parent_block_hash) if s.HasField("parent_block_hash") else None
                 assert parent is None or parent in index, f"parent {parent} not indexed (batch {batch.sequence_number})"
                 for i, h in enumerate(s.block_hashes):
                     tokens = list(s.token_ids[i * s.block_size:(i + 1) * s.block_size])
-                    assert index.setdefault(_int64(h), tokens) == tokens, "one hash, two token blocks"
+                    assert index.setdefault(block_hash(h), tokens) == tokens, "one hash, two token blocks"
             elif kind == "block_removed":
                 for h in event.block_removed.block_hashes:
-                    index.pop(_int64(h), None)
+                    index.pop(block_hash(h), None)
             elif kind == "all_blocks_cleared":
                 index.clear()
     stored = [list(e.block_stored.token_ids) for b in batches for e in b.events
@@ -134,37 +128,48 @@ def test_a_reconnect_starts_a_consecutive_live_stream(target):
     assert first and second
     reader = Subscriber(0)
     for batch in second:
-        reader.batch(_with_decimal(batch))
+        reader.batch(batch)
     assert second[0].sequence_number > first[-1].sequence_number
 
 
-@pytest.mark.xfail(strict=True, raises=ClientRefused, reason=(
-    "Dynamo's reader (kv.rs block_hash @0cc34d99) takes only encoding 'decimal_int64' (ASCII decimal); "
-    "we send v0.1.0's 'int64' (8 big-endian bytes), which upstream's text lists and Dynamo does not read"))
 def test_block_hash_encoding_dynamo_reads(target):
+    """Every block hash, parents and removals too, is the canonical decimal Dynamo's ``block_hash``
+    parses: the targets run with ``--kv-block-hash-encoding decimal_int64`` (``conftest.dynamo_flags``),
+    as a deployment behind Dynamo's KV router does."""
     server = _subscribable(target)
     batches = _events(server, [[t + 4 for t in PROMPT]])
     hashes = [h for b in batches for e in b.events if e.WhichOneof("event") == "block_stored"
-              for h in e.block_stored.block_hashes]
+              for h in [*e.block_stored.block_hashes,
+                        *([e.block_stored.parent_block_hash] if e.block_stored.HasField("parent_block_hash") else [])]]
     assert hashes
     for h in hashes:
         block_hash(h)
 
 
-def _with_decimal(batch: kv_pb2.KvEventBatch) -> kv_pb2.KvEventBatch:
-    """The batch with our ``int64`` hashes rewritten as the ``decimal_int64`` Dynamo parses, so that
-    every other rule of its reader is checked (the encoding itself: the xfail above)."""
-    out = kv_pb2.KvEventBatch()
-    out.CopyFrom(batch)
-    for event in out.events:
-        hashes = []
-        if event.WhichOneof("event") == "block_stored":
-            hashes = list(event.block_stored.block_hashes)
-            if event.block_stored.HasField("parent_block_hash"):
-                hashes.append(event.block_stored.parent_block_hash)
-        elif event.WhichOneof("event") == "block_removed":
-            hashes = list(event.block_removed.block_hashes)
-        for h in hashes:
-            value = int.from_bytes(h.value, "big", signed=True)
-            h.value, h.encoding = str(value).encode(), "decimal_int64"
-    return out
+def test_dynamo_refuses_upstreams_int64_bytes_and_reads_their_decimal():
+    """Why the flag exists: by default v0.1.0 sends upstream's ``int64`` (8 big-endian bytes), which
+    kv.rs ``block_hash`` @0cc34d99 refuses; ``decimal_int64`` carries the same value (negative int64s
+    included) as the decimal it reads, and leaves an engine's other encodings alone."""
+    from openengine_adapters.v1 import kv_pb2 as rev1_kv_pb2
+    from openengine_adapters.wire.v0_1 import translate
+
+    def response(encoding: str = "int64"):
+        out = rev1_kv_pb2.SubscribeKvEventsResponse()
+        stored = out.batch.events.add().block_stored
+        for value in (5, 2**63 + 5):  # the second is negative as a signed int64
+            stored.block_hashes.add(value=value.to_bytes(8, "big"), encoding=encoding)
+        stored.parent_block_hash.CopyFrom(rev1_kv_pb2.KvBlockHash(value=(7).to_bytes(8, "big"), encoding=encoding))
+        out.batch.events.add().block_removed.block_hashes.add(value=(5).to_bytes(8, "big"), encoding=encoding)
+        return out
+
+    def hashes(resp):
+        stored, removed = resp.batch.events[0].block_stored, resp.batch.events[1].block_removed
+        return [*stored.block_hashes, stored.parent_block_hash, *removed.block_hashes]
+
+    with pytest.raises(ClientRefused, match="not canonical decimal_int64"):
+        block_hash(hashes(translate.kv_events_batch(response()))[0])
+    decimal = translate.kv_events_batch(response(), "decimal_int64")
+    assert [block_hash(h) for h in hashes(decimal)] == [5, 2**63 + 5, 7, 5]
+    assert hashes(decimal)[1].value == b"-9223372036854775803"
+    other = translate.kv_events_batch(response("bytes"), "decimal_int64")
+    assert [h.encoding for h in hashes(other)] == ["bytes"] * 4

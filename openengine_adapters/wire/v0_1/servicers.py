@@ -138,7 +138,7 @@ class ControlServicer:
     async def SubscribeKvEvents(self, request, context):
         async for response in self.core.SubscribeKvEvents(request, context):
             yield translate.kv_events_error(response.error) if response.HasField("error") else \
-                translate.kv_events_batch(response)
+                translate.kv_events_batch(response, self.core.options.kv_block_hash_encoding)
 
 
 def _handler(service: str, name: str, method, request_type, response_streaming: bool = False):

@@ -146,20 +146,45 @@ def kv_events_error(err: rev1_error_pb2.EngineError) -> kv_pb2.SubscribeKvEvents
 DEFAULT_KV_CACHE_SPEC_KIND = "full_attention"  # vLLM's KVCacheSpecKind of a plain transformer's one group
 
 
-def kv_events_batch(response):
+# --kv-block-hash-encoding: "int64" (8 big-endian bytes, as upstream's text lists) or "decimal_int64" (the
+# ASCII decimal of the same signed int64), the only encoding Dynamo's KV reader takes (kv.rs block_hash @0cc34d99)
+INT64, DECIMAL_INT64 = "int64", "decimal_int64"
+BLOCK_HASH_ENCODINGS = (INT64, DECIMAL_INT64)
+KV_BLOCK_HASH_ENCODING_ENV = "OPENENGINE_KV_BLOCK_HASH_ENCODING"  # the plugins' --kv-block-hash-encoding
+
+
+def kv_events_batch(response, block_hash_encoding: str = INT64):
     """A batch as v0.1.0 readers take it: vLLM (0.32) annotates every BlockStored with its KV cache
     group's kind, ``full_attention`` for a plain model, and Dynamo's KV reader (kv.rs
     ``convert_event`` @0cc34d99) refuses any BlockStored that carries a kind ("unsupported KV cache
     group/spec metadata"), ending its subscription. The default kind with no sliding window says
     nothing a router needs, and the field is optional metadata: it is left out here. Any other kind
     (sliding window, MLA, Mamba: a hybrid cache a router cannot index as one) stays. Revision 1 keeps
-    the engine's annotation."""
+    the engine's annotation.
+
+    With ``block_hash_encoding="decimal_int64"`` (``--kv-block-hash-encoding``) the ``int64`` block hashes
+    go out as the decimal text of the same value, for Dynamo's KV router; other encodings stay."""
     for event in response.batch.events:
         if event.WhichOneof("event") == "block_stored":
             stored = event.block_stored
             if stored.kv_cache_spec_kind == DEFAULT_KV_CACHE_SPEC_KIND and not stored.kv_cache_spec_sliding_window:
                 stored.kv_cache_spec_kind = ""
+    if block_hash_encoding == DECIMAL_INT64:
+        for event in response.batch.events:
+            for h in _block_hashes(event):
+                if h.encoding == "int64":
+                    h.value, h.encoding = str(int.from_bytes(h.value, "big", signed=True)).encode(), DECIMAL_INT64
     return response
+
+
+def _block_hashes(event) -> list:
+    kind = event.WhichOneof("event")
+    if kind == "block_stored":
+        stored = event.block_stored
+        return [*stored.block_hashes, *([stored.parent_block_hash] if stored.HasField("parent_block_hash") else [])]
+    if kind == "block_removed":
+        return list(event.block_removed.block_hashes)
+    return []
 
 
 # --------------------------------------------------------------------------- discovery
