@@ -25,9 +25,9 @@ GENERATED = ("openengine_adapters.v1", "openengine_adapters.v0_1")
 # Lowest first. A room is the first name below the package (a module or a sub-package).
 FLOORS: dict[str, list[list[str]]] = {
     "openengine_adapters": [
-        ["<package>", "types", "schema", "v1", "v0_1", "metrics", "stop_text"],  # contract data, no rules
+        ["<package>", "types", "schema", "v1", "v0_1", "metrics"],  # contract data, no rules
         ["torch_extensions", "engine_processes"],  # what engine processes do first and how they end
-        ["backend", "errors", "sampling", "event_hub", "messages", "guided", "rerank"],  # the seam
+        ["backend", "errors", "sampling", "event_hub", "messages", "rerank"],  # the seam
         ["validation", "kv_events", "engine_kit"],  # rules and what engines share
         ["core"],  # the engine-agnostic service
         ["wire", "security"],  # the surfaces and what guards them

@@ -5,7 +5,9 @@
   and the prompt seal that refuses a decode of another prompt;
 - ``card``: capability-card fragments and the feature set derived from a card;
 - ``kv_publishers``: the ZMQ KV-event publisher wiring (bridge start/stop, sources, subscriptions);
-- ``scores``: score results from per-pair values (label-token scoring, cross-encoder relevance).
+- ``scores``: score results from per-pair values (label-token scoring, cross-encoder relevance);
+- ``guided``: a guided-decoding constraint as engine keyword arguments (vLLM, TensorRT-LLM; SGLang's choice regex);
+- ``stop_text``: how much trailing text may be the start of a stop string (held back by cumulative translators).
 
 An adapter keeps only its engine's work (request mapping, engine calls, engine quirks).
 """

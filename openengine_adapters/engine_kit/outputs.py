@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from openengine_adapters import backend as be
-from openengine_adapters.stop_text import stop_prefix_len
+from openengine_adapters.engine_kit.stop_text import stop_prefix_len
 from openengine_adapters.types import FinishReason
 
 

@@ -21,9 +21,9 @@ from typing import Any
 
 from openengine_adapters import backend as be
 from openengine_adapters.engine_kit import outputs
+from openengine_adapters.engine_kit.guided import choice_regex
 from openengine_adapters.engine_kit.sessions import struct_int
 from openengine_adapters.errors import EngineFailure, invalid
-from openengine_adapters.guided import choice_regex
 from openengine_adapters.sampling import REAL_FIELDS, set_sampling
 from openengine_adapters.types import CandidateMode, ErrorCode, FinishReason, GuidedMode
 

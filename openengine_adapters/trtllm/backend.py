@@ -24,9 +24,9 @@ from typing import Any
 
 from openengine_adapters import backend as be
 from openengine_adapters.engine_kit import card
+from openengine_adapters.engine_kit.guided import guide_kwargs
 from openengine_adapters.engine_kit.sessions import SessionTable, check_seal, seal
 from openengine_adapters.errors import EngineFailure, engine_refused, invalid, not_found
-from openengine_adapters.guided import guide_kwargs
 from openengine_adapters.trtllm import translate
 from openengine_adapters.trtllm.card import TrtllmCard, llm_arg, model_max_positions
 from openengine_adapters.trtllm.handles import abort_handle, is_request_error, iterate

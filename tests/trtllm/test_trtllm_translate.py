@@ -8,8 +8,8 @@ import fake_trtllm
 import pytest
 
 from openengine_adapters import backend as be
+from openengine_adapters.engine_kit.stop_text import stop_prefix_len
 from openengine_adapters.errors import EngineFailure, RequestRejected
-from openengine_adapters.stop_text import stop_prefix_len
 from openengine_adapters.trtllm import translate as tr
 from openengine_adapters.types import CandidateMode, FinishReason, StorageMedium
 
