@@ -25,7 +25,6 @@ from typing import Any
 
 from openengine_adapters import backend as be
 from openengine_adapters.engine_kit import card
-from openengine_adapters.engine_kit.kv_publishers import ZmqKvEvents
 from openengine_adapters.engine_kit.sessions import SessionTable, check_seal, seal
 from openengine_adapters.errors import (
     EngineFailure,
@@ -34,6 +33,7 @@ from openengine_adapters.errors import (
     not_found,
     rejected,
 )
+from openengine_adapters.kv_events.publishers import ZmqKvEvents
 from openengine_adapters.sglang import pooling, translate
 from openengine_adapters.sglang.card import SglangCard, server_arg
 from openengine_adapters.sglang.lora import SglangLora

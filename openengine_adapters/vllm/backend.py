@@ -17,9 +17,9 @@ from functools import cached_property
 from openengine_adapters import backend as be
 from openengine_adapters.engine_kit import card
 from openengine_adapters.engine_kit.guided import guide_kwargs
-from openengine_adapters.engine_kit.kv_publishers import ZmqKvEvents
 from openengine_adapters.engine_kit.sessions import SessionTable
 from openengine_adapters.errors import EngineFailure, RequestRejected, engine_refused, invalid, not_found
+from openengine_adapters.kv_events.publishers import ZmqKvEvents
 from openengine_adapters.types import (
     EngineRole,
     ErrorCode,

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 from openengine_adapters import backend as be
 from openengine_adapters.errors import EngineFailure
+from openengine_adapters.kv_events.bridge import KvEventBridge
+from openengine_adapters.kv_events.sources import source_info
 from openengine_adapters.types import ErrorCode
 
 
@@ -34,8 +36,6 @@ class ZmqKvEvents:
 
     async def start(self) -> None:
         if self.publishers:
-            from openengine_adapters.kv_events import KvEventBridge
-
             bridge = KvEventBridge(self.publishers)
             await bridge.start()
             self.bridge = bridge
@@ -47,8 +47,6 @@ class ZmqKvEvents:
 
     def source_info(self, host: str) -> list[be.KvEventSourceInfo]:
         """Every publisher, at ``host``: the service keeps the ranks asked for."""
-        from openengine_adapters.kv_events.sources import source_info
-
         return [source_info(p, host) for p in self.publishers]
 
     def subscribe(self, ranks: Sequence[int], include_snapshot: bool, start_sequence_number: int):
