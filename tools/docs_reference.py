@@ -2,7 +2,8 @@
 
 An MkDocs hook (mkdocs.yml ``hooks``): a page line ``<!-- reference:NAME -->`` is replaced with the
 tables of the parser NAME (see ``PARSERS``) at every build, so the reference cannot drift from the
-code. No engine is imported: each adapter's own flags are added by its ``add_adapter_args``.
+code; ``<!-- reference:layers -->`` with the package's floors from tools/import_graph.py. No engine is
+imported: each adapter's own flags are added by its ``add_adapter_args``.
 ``python tools/docs_reference.py NAME`` prints one.
 """
 
@@ -119,10 +120,34 @@ def render(name: str, skip_groups: tuple[str, ...] = ()) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def layers() -> str:
+    """The package's floors as tools/import_graph.py checks them (lint fails on an import that goes up),
+    highest first: a picture and a table, so the page cannot drift from the rule CI enforces."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("import_graph", Path(__file__).with_name("import_graph.py"))
+    graph = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(graph)
+    floors = list(enumerate(graph.FLOORS["openengine_adapters"]))[::-1]
+    out = ["```mermaid", "flowchart TB"]
+    for level, (rooms, purpose) in floors:
+        names = ", ".join(r.replace("<package>", "__init__") for r in rooms)
+        out.append(f'  F{level}["<b>{purpose}</b><br/>{names}"]')
+    out += [f"  F{a} --> F{b}" for (a, _), (b, _) in zip(floors, floors[1:], strict=False)]
+    out += ["```", "", "| floor | rooms (`openengine_adapters/...`) | what it is |", "|---|---|---|"]
+    for level, (rooms, purpose) in floors:
+        out.append(f"| {level} | {', '.join(f'`{r}`' for r in rooms)} | {_cell(purpose)} |")
+    return "\n".join(out) + "\n"
+
+
+def expand(name: str) -> str:
+    return layers() if name == "layers" else render(name, OURS if name == "trtllm" else ())
+
+
 def on_page_markdown(markdown: str, page=None, config=None, files=None) -> str:
     """MkDocs hook: expand every reference marker on the page."""
-    return MARK.sub(lambda m: render(m.group(1), OURS if m.group(1) == "trtllm" else ()), markdown)
+    return MARK.sub(lambda m: expand(m.group(1)), markdown)
 
 
 if __name__ == "__main__":
-    print(render(sys.argv[1]))
+    print(expand(sys.argv[1]))

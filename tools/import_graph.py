@@ -22,25 +22,26 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("openengine_adapters", "conformance")
 GENERATED = ("openengine_adapters.v1", "openengine_adapters.v0_1")
 
-# Lowest first. A room is the first name below the package (a module or a sub-package).
-FLOORS: dict[str, list[list[str]]] = {
+# Lowest first: (rooms, what the floor is). A room is the first name below the package (a module or a
+# sub-package). docs/architecture.md draws these floors (tools/docs_reference.py, ``reference:layers``).
+FLOORS: dict[str, list[tuple[list[str], str]]] = {
     "openengine_adapters": [
-        ["<package>", "types", "schema", "v1", "v0_1", "metrics"],  # contract data, no rules
-        ["torch_extensions", "engine_processes"],  # what engine processes do first and how they end
-        ["backend", "errors", "sampling", "event_hub", "messages", "rerank"],  # the seam
-        ["validation", "kv_events", "engine_kit"],  # rules and what engines share
-        ["core"],  # the engine-agnostic service
-        ["wire", "security"],  # the surfaces and what guards them
-        ["server", "tracing"],  # serving: the server and its interceptors
-        ["launcher", "client", "cli"],  # entry points
-        ["vllm", "sglang", "trtllm", "demo_model"],  # engines and the demo model they serve
+        (["<package>", "types", "schema", "v1", "v0_1", "metrics"], "contract data, no rules"),
+        (["torch_extensions", "engine_processes"], "what engine processes do first and how they end"),
+        (["backend", "errors", "sampling", "event_hub", "messages", "rerank"], "the seam"),
+        (["validation", "kv_events", "engine_kit"], "rules and what engines share"),
+        (["core"], "the engine-agnostic service"),
+        (["wire", "security"], "the surfaces and what guards them"),
+        (["server", "tracing"], "serving: the server and its interceptors"),
+        (["launcher", "client", "cli"], "entry points"),
+        (["vllm", "sglang", "trtllm", "demo_model"], "engines and the demo model they serve"),
     ],
     "conformance": [
-        ["registry", "report"],
-        ["context"],
-        ["checks"],
-        ["runner"],
-        ["pytest_plugin", "__main__", "<package>"],
+        (["registry", "report"], "what a check is and how results are told"),
+        (["context"], "the connection a check runs on"),
+        (["checks"], "the checks"),
+        (["runner"], "running them"),
+        (["pytest_plugin", "__main__", "<package>"], "entry points"),
     ],
 }
 
@@ -115,7 +116,7 @@ def resolve(target: str, known: dict[str, Path]) -> str | None:
 def floor_of(module: str) -> tuple[str, int] | None:
     package, _, rest = module.partition(".")
     room = rest.split(".")[0] if rest else "<package>"
-    for level, rooms in enumerate(FLOORS[package]):
+    for level, (rooms, _) in enumerate(FLOORS[package]):
         if room in rooms:
             return package, level
     return None
