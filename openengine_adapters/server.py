@@ -354,7 +354,6 @@ class OpenEngineServer:
             stall_timeout_s=config.stall_timeout_s,
             progress_timeout_s=config.progress_timeout_s,
             ignored_options=config.ignored_options,
-            kv_block_hash_encoding=config.kv_block_hash_encoding,
         ))
         limit = config.max_message_mb * 1024 * 1024
         self.security = ServerSecurity(config.security)
@@ -378,7 +377,7 @@ class OpenEngineServer:
         if "revision-1" in config.surfaces:
             revision1.register(self.service, self.grpc_server)
         if "v0.1.0" in config.surfaces:
-            v0_1.register(self.service, self.grpc_server, services)
+            v0_1.register(self.service, self.grpc_server, services, config.kv_block_hash_encoding)
         self.services = services
         self.service.health.service_names = services
         health_pb2_grpc.add_HealthServicer_to_server(self.grpc_health, self.grpc_server)

@@ -575,9 +575,10 @@ async def test_kv_block_hash_encoding_decimal_int64_is_what_v0_1_sends_when_aske
 
     async with serve(config={"kv_block_hash_encoding": "decimal_int64"}) as h:
         inference, control = stubs(h)
-        v01 = control.SubscribeKvEvents(v01_kv.SubscribeKvEventsRequest())
-        rev1 = h.stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest())
-        await asyncio.sleep(0.2)  # both subscriptions registered before the request runs
+        v01 = control.SubscribeKvEvents(v01_kv.SubscribeKvEventsRequest(include_snapshot=True))
+        rev1 = h.stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest(include_snapshot=True))
+        for sub in (v01, rev1):  # the snapshot comes first: both subscriptions are registered
+            assert (await asyncio.wait_for(sub.read(), 5)).batch.events[0].HasField("all_blocks_cleared")
         await v01_collect(inference, req())
         mine, theirs = (await asyncio.wait_for(v01.read(), 5)).batch, (await asyncio.wait_for(rev1.read(), 5)).batch
         v01.cancel()

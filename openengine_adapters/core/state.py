@@ -43,7 +43,6 @@ class ServiceOptions:
     stall_timeout_s: float = 30.0  # a stream whose client takes no message for this long is ended; 0 = off
     progress_timeout_s: float = 120.0  # work pending and no engine progress this long = hung; 0 = off
     ignored_options: str = "refuse"  # v0.1.0: options the engine would ignore are refused or dropped (leniency)
-    kv_block_hash_encoding: str = "int64"  # v0.1.0 SubscribeKvEvents: int64 or decimal_int64 (wire/v0_1/translate)
 
 
 def unimplemented(what: str) -> RequestRejected:

@@ -76,9 +76,11 @@ class InferenceServicer:
 
 
 class ControlServicer:
-    def __init__(self, core: EngineService, served_services: tuple[str, ...]) -> None:
+    def __init__(self, core: EngineService, served_services: tuple[str, ...],
+                 kv_block_hash_encoding: str = translate.INT64) -> None:
         self.core = core
         self.served_services = served_services
+        self.kv_block_hash_encoding = kv_block_hash_encoding  # --kv-block-hash-encoding
 
     def server_extra(self) -> dict:
         extra = {"adapter": "openengine-adapters", "adapter_version": adapter_version(),
@@ -138,7 +140,7 @@ class ControlServicer:
     async def SubscribeKvEvents(self, request, context):
         async for response in self.core.SubscribeKvEvents(request, context):
             yield translate.kv_events_error(response.error) if response.HasField("error") else \
-                translate.kv_events_batch(response, self.core.options.kv_block_hash_encoding)
+                translate.kv_events_batch(response, self.kv_block_hash_encoding)
 
 
 def _handler(service: str, name: str, method, request_type, response_streaming: bool = False):
@@ -149,9 +151,10 @@ def _twin(v0_1_type):
     return translate.PASSTHROUGH[v0_1_type]
 
 
-def register(core: EngineService, server: grpc.aio.Server, served_services: tuple[str, ...]) -> tuple[str, ...]:
+def register(core: EngineService, server: grpc.aio.Server, served_services: tuple[str, ...],
+             kv_block_hash_encoding: str = translate.INT64) -> tuple[str, ...]:
     """Serve ``openengine.v1.Inference`` and ``openengine.v1.Control`` from ``core``."""
-    inference, control = InferenceServicer(core), ControlServicer(core, served_services)
+    inference, control = InferenceServicer(core), ControlServicer(core, served_services, kv_block_hash_encoding)
     handlers = {
         INFERENCE: {"Generate": _handler(INFERENCE, "Generate", inference.Generate, generation_pb2.GenerateRequest,
                                          response_streaming=True)},

@@ -169,10 +169,9 @@ def kv_events_batch(response, block_hash_encoding: str = INT64):
             stored = event.block_stored
             if stored.kv_cache_spec_kind == DEFAULT_KV_CACHE_SPEC_KIND and not stored.kv_cache_spec_sliding_window:
                 stored.kv_cache_spec_kind = ""
-    if block_hash_encoding == DECIMAL_INT64:
-        for event in response.batch.events:
+        if block_hash_encoding == DECIMAL_INT64:
             for h in _block_hashes(event):
-                if h.encoding == "int64":
+                if h.encoding == INT64:
                     h.value, h.encoding = str(int.from_bytes(h.value, "big", signed=True)).encode(), DECIMAL_INT64
     return response
 

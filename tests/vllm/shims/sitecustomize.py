@@ -11,6 +11,7 @@ workers too). The product leaves NIXL as it is: adapters/vllm/README.md tells us
 """
 
 import importlib.abc
+import importlib.util
 import sys
 
 PROGRESS_DELAY_US = 2000
@@ -37,8 +38,6 @@ class _PaceNixlProgressThread(importlib.abc.MetaPathFinder):
             return None
         sys.meta_path.remove(self)
         try:
-            import importlib.util
-
             spec = importlib.util.find_spec(fullname)
         finally:
             sys.meta_path.insert(0, self)
