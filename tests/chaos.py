@@ -11,8 +11,9 @@ import time
 
 import grpc
 import psutil
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from helpers import eventually, gen_request
+from helpers import eventually, gen_request, rejection
 from launch_helpers import Launched
 
 from openengine_adapters.server import ENGINE_DEATH_STOP_S, ENGINE_DIED_EXIT_CODE
@@ -26,6 +27,11 @@ SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.Health
 # sees the process end at once), the server stopped within ENGINE_DEATH_STOP_S, then 5 s at most to
 # reap what is left of the engine's processes
 EXIT_BOUND_S = 1 + ENGINE_DEATH_STOP_S + 5
+# the engine's own count of the requests it holds, in GetLoad's attributes
+HELD_BY = {"vllm": "unfinished_requests", "sglang": "in_flight_requests"}
+# whether the engine takes a Generate before its first output (vLLM's AsyncLLM does; the SGLang backend
+# waits for each sequence's first output, openengine_adapters/sglang/backend.py ``generate``)
+ACCEPTED_BEFORE_OUTPUT = {"vllm": True, "sglang": False}
 
 
 def long_generate(stub, rid: str):
@@ -57,19 +63,6 @@ async def health(channel) -> tuple[int, int]:
     return mine.state, std.status
 
 
-def engine_process(server: Launched, marker: str) -> psutil.Process:
-    """The sidecar's child whose name or command line holds ``marker`` (engines title their processes:
-    ``VLLM::EngineCore``, ``VLLM::Worker...``, ``sglang::scheduler``)."""
-    server.record_children()
-    found = []
-    for p in server.children:
-        with contextlib.suppress(psutil.Error):
-            if marker in p.name() or marker in " ".join(p.cmdline()):
-                found.append(p)
-    assert len(found) == 1, [(p.pid, p.name()) for p in server.children]
-    return found[0]
-
-
 async def watch_health(channel, seen: list) -> None:
     with contextlib.suppress(grpc.aio.AioRpcError):
         async for resp in health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest()):
@@ -91,28 +84,58 @@ async def first_runtime_event(stub, runtime, timeout: float = 60) -> None:
     assert first.result() is not grpc.aio.EOF
 
 
-async def death_is_seen_by_every_client_then_the_process_exits(server: Launched, stub, channel, kill,
-                                                               engine: str, cause: str) -> float:
-    """Open Generates, a KV and a runtime-event subscription and a grpc.health Watch; ``kill()``; each
-    ends with exactly one retryable error (no hang), health goes NOT_SERVING, the launcher exits with
-    ENGINE_DIED_EXIT_CODE within EXIT_BOUND_S with one line naming the cause, nothing is left behind.
+async def held(stub, engine: str, n: int, timeout: float) -> None:
+    """Until the engine's own count in GetLoad (``HELD_BY``) reads ``n`` requests."""
+    attribute = HELD_BY[engine]
+    seen: list = []
+
+    async def check() -> bool:
+        load = await stub.GetLoad(observability_pb2.GetLoadRequest(), timeout=5)
+        seen.append(load.attributes.get(attribute))
+        return seen[-1] == str(n)
+
+    await eventually(check, timeout=timeout, interval=0.05,
+                     message=f"GetLoad's {attribute} never read {n} (read {seen[-5:]})")
+
+
+async def the_deaths_error(call, engine: str):
+    """The one retryable error a Generate open at the engine's death gets: its stream's terminal event
+    when the engine took it at once (vLLM), the call's refusal with the error trailer when the engine
+    was still taking it (SGLang takes a request with its first output, and a stopped engine gave none)."""
+    if ACCEPTED_BEFORE_OUTPUT[engine]:
+        return one_retryable_error(await rest(call, 30))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await rest(call, 30)
+    err = rejection(refused.value)
+    assert (err.code, err.retryable, err.retry_after_ms) == (ErrorCode.INTERNAL, True, 0), err
+    assert refused.value.code() == grpc.StatusCode.INTERNAL, refused.value
+    return err
+
+
+async def death_is_seen_by_every_client_then_the_process_exits(server: Launched, stub, channel,
+                                                               victim: psutil.Process, engine: str,
+                                                               cause: str) -> float:
+    """Open Generates, a KV and a runtime-event subscription and a grpc.health Watch; kill ``victim``;
+    each ends with exactly one retryable error (no hang), health goes NOT_SERVING, the launcher exits
+    with ENGINE_DIED_EXIT_CODE within EXIT_BOUND_S with one line naming the cause, nothing is left
+    behind. The Generates are sent to a stopped victim and it is killed once the engine holds them all,
+    within the progress timeout: none can finish first, and the watchdog has not yet called it hung.
     Returns the seconds from the kill to the exit."""
     seen: list = []
     watcher = asyncio.ensure_future(watch_health(channel, seen))
     await eventually(lambda: seen == [SERVING])
-    # the subscriptions first, proven open by a runtime event: on a fast machine the tiny model's 400
-    # tokens take half a second, and a subscription that the server registered after they ended saw
-    # nothing (CI of 2026-12-04)
+    # the subscriptions first, proven open by a runtime event: a subscription the server registered
+    # after the engine's last step would see nothing (CI of 2026-12-04)
     kv = stub.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest())
     runtime = stub.SubscribeRuntimeEvents(observability_pb2.SubscribeRuntimeEventsRequest())
     await first_runtime_event(stub, runtime)
+    victim.suspend()
     calls = [long_generate(stub, f"dies-{i}") for i in range(3)]
-    for call in calls:
-        await asyncio.wait_for(call.read(), 60)
+    await held(stub, engine, len(calls), timeout=PROGRESS_TIMEOUT_S)
     killed_at = time.monotonic()
-    kill()
+    victim.kill()
     for call in calls:
-        err = one_retryable_error(await rest(call, 30))
+        err = await the_deaths_error(call, engine)
         assert "died" in err.message, err
     for sub in (kv, runtime):
         one_retryable_error(await rest(sub, 30))

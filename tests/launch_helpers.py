@@ -162,6 +162,32 @@ class Launched:
             self.proc.wait(30)
 
 
+def engine_process(server: Launched, marker: str):
+    """The launcher's child (a psutil.Process) whose name or command line holds ``marker`` (engines title
+    their processes: ``VLLM::EngineCore``, ``VLLM::Worker...``, ``sglang::scheduler``)."""
+    server.record_children()
+    found = []
+    for p in server.children:
+        with contextlib.suppress(psutil.Error):
+            if marker in p.name() or marker in " ".join(p.cmdline()):
+                found.append(p)
+    assert len(found) == 1, [(p.pid, p.name()) for p in server.children]
+    return found[0]
+
+
+@contextlib.contextmanager
+def engine_stopped(process):
+    """The engine process stopped (SIGSTOP) for the block, continued after, failing or not: requests sent
+    meanwhile wait in its queue, so none can finish before the test has done what it must first (on a
+    fast machine the tiny models' streams end in a second)."""
+    process.suspend()
+    try:
+        yield process
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.resume()
+
+
 def with_root(extra: dict[str, str] | None = None) -> dict[str, str]:
     """This environment with the checkout first on PYTHONPATH (engine test shims stay behind it)."""
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),

@@ -206,6 +206,36 @@ async def test_a_dead_engine_ends_idle_subscriptions_with_one_retryable_error():
         assert refused.value.code() == grpc.StatusCode.INTERNAL
 
 
+class TakesOnFirstOutput(FakeBackend):
+    """Accepts a request only once the engine gives its first output, as the SGLang backend does
+    (openengine_adapters/sglang/backend.py ``generate`` awaits each sequence's first chunk)."""
+
+    async def generate(self, params):
+        await self._alive.wait()
+        return await super().generate(params)
+
+
+@pytest.mark.parametrize("fault", ["dies", "hangs"])
+async def test_a_request_the_engine_was_still_taking_is_refused_retryably(fault):
+    """Before acceptance, the stream has no terminal event to carry the failure: the call is refused with
+    the error trailer, retryable at once (it was cancelled by the server's stop, UNAVAILABLE, before)."""
+    fake = TakesOnFirstOutput()
+    async with serve_backend(fake, {"progress_timeout_s": 1.0 if fault == "hangs" else 0}) as h:
+        fake.hang()
+        call = h.stub.Generate(gen_request("x", request_id="taking"))
+        await eventually(lambda: len(h.service.registry) == 1)
+        if fault == "dies":
+            fake.die("engine core exited with code 9")
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await asyncio.wait_for(collect_rest(call), 10)
+        want = "engine core exited" if fault == "dies" else "no progress"
+        assert refused.value.code() == grpc.StatusCode.INTERNAL and want in refused.value.details()
+        err = rejection(refused.value)
+        assert (err.code, err.retryable, err.retry_after_ms) == (ErrorCode.INTERNAL, True, 0)
+        assert len(h.service.registry) == 0 and not h.service.watchdog.streams
+        fake.resume()
+
+
 async def test_abort_all_ends_the_streams_of_a_hung_engine_and_counts_them():
     fake = FakeBackend()
     async with serve_backend(fake, {"progress_timeout_s": 0}) as h:

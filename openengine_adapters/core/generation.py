@@ -41,15 +41,25 @@ class GenerationRpcs(CoreState):
         """``extra`` (v0.1.0 GenerateRequest.extra) and ``trace_headers`` (W3C Trace Context from
         gRPC metadata) come from the v0.1.0 surface, which has no revision-1 field for them;
         ``lenient`` reads the request as v0.1.0 does (``validation.leniency``)."""
+        # watched from admission: an engine that dies or hangs while still taking the request (SGLang
+        # accepts it on its first output) refuses it retryably, instead of the server's stop cancelling it
+        watch = self.watchdog.watch()
         try:
             params, entry, chunks = await self._accept_generate(request, extra, trace_headers, lenient)
+        except asyncio.CancelledError:
+            self.watchdog.streams.discard(watch)
+            if not watch.claims(asyncio.current_task()):
+                raise
+            raise refusal(watch.failure) from None
         except Exception as exc:  # a backend bug before acceptance too: a status, never a crash
+            self.watchdog.streams.discard(watch)
             if not isinstance(exc, RequestRejected):
                 log.exception("Generate %r failed before acceptance", request.request_id)
             raise refusal(exc) from exc
         assembler = GenerateStream(params, prefill=self.identity.role == EngineRole.PREFILL)
         clean = engine_ended = interrupted = False
-        watch = entry.watch = self.watchdog.watch(lambda: self._stalled(entry, chunks, watch))
+        entry.watch = watch
+        watch.on_stall = lambda: self._stalled(entry, chunks, watch)
         now = time.monotonic
         try:
             final: list = []

@@ -7,15 +7,13 @@ sidecar takes SIGQUIT over, so each client gets one retryable error and the proc
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 
 import grpc
 import pytest
-from chaos import PROGRESS_TIMEOUT_S, death_is_seen_by_every_client_then_the_process_exits, engine_process
+from chaos import PROGRESS_TIMEOUT_S, death_is_seen_by_every_client_then_the_process_exits
 from conftest import CPU_FLAGS
-from launch_helpers import Launched, with_root
+from launch_helpers import Launched, engine_process, with_root
 
 from openengine_adapters.v1 import openengine_pb2_grpc
 
@@ -32,7 +30,7 @@ async def test_a_killed_scheduler_ends_every_stream_retryably_and_the_process(mo
         async with grpc.aio.insecure_channel(target) as channel:
             stub = openengine_pb2_grpc.OpenEngineStub(channel)
             elapsed = await death_is_seen_by_every_client_then_the_process_exits(
-                server, stub, channel, lambda: os.kill(scheduler.pid, signal.SIGKILL), "sglang",
+                server, stub, channel, scheduler, "sglang",
                 f"an SGLang engine process died: scheduler_0 (pid {scheduler.pid}, exit code -9)")
             print(f"scheduler SIGKILL: the sidecar exited {elapsed:.1f} s later")
     finally:

@@ -22,15 +22,15 @@ from chaos import (
     PROGRESS_TIMEOUT_S,
     SERVING,
     death_is_seen_by_every_client_then_the_process_exits,
-    engine_process,
     health,
+    held,
     long_generate,
     one_retryable_error,
     ready,
     rest,
 )
 from helpers import eventually, gen_request, rejection
-from launch_helpers import Launched, with_root
+from launch_helpers import Launched, engine_process, with_root
 
 from openengine_adapters.types import ErrorCode
 from openengine_adapters.v1 import generation_pb2 as g
@@ -70,12 +70,12 @@ async def test_a_frozen_engine_core_is_out_of_rotation_until_it_thaws_and_a_kill
             stub = openengine_pb2_grpc.OpenEngineStub(channel)
             assert await health(channel) == (lifecycle_pb2.HEALTH_STATE_READY, SERVING)
             # SIGSTOP: open streams end retryably after the progress timeout, and the server stays out of
-            # rotation while idle (it flapped back to SERVING before issue 25)
-            calls = [long_generate(stub, f"frozen-{i}") for i in range(2)]
-            for call in calls:
-                await asyncio.wait_for(call.read(), 60)
+            # rotation while idle (it flapped back to SERVING before issue 25). The Generates are sent
+            # to the stopped core, so none can finish first
             os.kill(core.pid, signal.SIGSTOP)
             stopped_at = time.monotonic()
+            calls = [long_generate(stub, f"frozen-{i}") for i in range(2)]
+            await held(stub, "vllm", len(calls), timeout=PROGRESS_TIMEOUT_S)
             for call in calls:
                 err = one_retryable_error(await rest(call, PROGRESS_TIMEOUT_S + 15))
                 assert "no progress" in err.message, err
@@ -96,7 +96,7 @@ async def test_a_frozen_engine_core_is_out_of_rotation_until_it_thaws_and_a_kill
             assert events[-1].HasField("finished"), events[-1]
             # SIGKILL of the engine core: every client sees one retryable error, then the process exits
             elapsed = await death_is_seen_by_every_client_then_the_process_exits(
-                server, stub, channel, lambda: os.kill(core.pid, signal.SIGKILL), "vllm", CORE_DIED)
+                server, stub, channel, core, "vllm", CORE_DIED)
             print(f"engine core SIGKILL: the sidecar exited {elapsed:.1f} s later")
     finally:
         server.kill()
@@ -112,7 +112,7 @@ async def test_a_killed_worker_process_ends_the_process(model_dir):
         async with grpc.aio.insecure_channel(target) as channel:
             stub = openengine_pb2_grpc.OpenEngineStub(channel)
             elapsed = await death_is_seen_by_every_client_then_the_process_exits(
-                server, stub, channel, lambda: os.kill(worker.pid, signal.SIGKILL), "vllm", CORE_DIED)
+                server, stub, channel, worker, "vllm", CORE_DIED)
             print(f"worker SIGKILL: the sidecar exited {elapsed:.1f} s later")
     finally:
         server.kill()
@@ -138,10 +138,11 @@ async def test_the_plugin_follows_vllm_serve_when_the_engine_core_is_killed(mode
         async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
             stub = openengine_pb2_grpc.OpenEngineStub(channel)
             await eventually(lambda: ready(channel), timeout=60, interval=0.2)
+            core.suspend()  # the Generate waits in the stopped core's queue: it cannot finish first
             call = long_generate(stub, "plugin-dies")
-            await asyncio.wait_for(call.read(), 60)
+            await held(stub, "vllm", 1, timeout=PROGRESS_TIMEOUT_S)
             killed_at = time.monotonic()
-            os.kill(core.pid, signal.SIGKILL)
+            core.kill()
             one_retryable_error(await rest(call, 30))
             assert (await health(channel))[1] == NOT_SERVING
             code = await server.wait(60)
