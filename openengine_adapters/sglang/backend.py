@@ -30,12 +30,12 @@ from openengine_adapters.errors import (
     EngineFailure,
     engine_refused,
     invalid,
-    not_found,
     rejected,
 )
 from openengine_adapters.kv_events.publishers import ZmqKvEvents
 from openengine_adapters.sglang import pooling, translate
 from openengine_adapters.sglang.card import SglangCard, server_arg
+from openengine_adapters.sglang.load_reading import SNAPSHOT_TIMEOUT_S, LoadReads
 from openengine_adapters.sglang.lora import SglangLora
 from openengine_adapters.sglang.tasks import SglangTasks
 from openengine_adapters.types import (
@@ -78,6 +78,7 @@ class SglangBackend(SglangCard, SglangLora, SglangTasks, be.EngineBackend):
         self.version = version
         self.owns_engine = owns_engine
         self.tm = tokenizer_manager
+        self.load_reads = LoadReads(tokenizer_manager)
         sa = self.server_args = server_args
         self.role = ROLES.get(str(server_arg(sa, "disaggregation_mode", "null")), EngineRole.AGGREGATED)
         self.transfer_backend = str(server_arg(sa, "disaggregation_transfer_backend", "")) if self.role != \
@@ -118,7 +119,7 @@ class SglangBackend(SglangCard, SglangLora, SglangTasks, be.EngineBackend):
         if self.options.runtime_event_poll_s > 0:
             from openengine_adapters.sglang.stats import LoadPoller
 
-            self._stats = LoadPoller(self.tm, self.options.runtime_event_poll_s, self.page_size)
+            self._stats = LoadPoller(self.load_reads, self.options.runtime_event_poll_s, self.page_size)
         self.features = card.features(self._card, generate=self.is_generation, runtime_events=self._stats is not None,
                                       kv_events=self.kv_publishers.streams,
                                       kv_event_sources=self.kv_publishers.sources)

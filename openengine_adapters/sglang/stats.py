@@ -1,10 +1,10 @@
-"""SGLang load snapshots -> BATCH / QUEUE runtime events, by polling ``get_loads``.
+"""SGLang load snapshots -> BATCH / QUEUE runtime events, by polling them.
 
-SGLang 0.5.23 exposes no per-forward-pass record to the tokenizer process. What it does publish
-is a ``LoadSnapshot`` per DP rank (shared memory, read by ``TokenizerManager.get_loads``): the
-scheduler writes one after every prefill batch, every ``--load-snapshot-publish-interval`` decode
-batches, and when it idles. This poller reads them every ``interval`` seconds (only while someone
-is subscribed) and publishes, per rank:
+SGLang 0.5.23 exposes no per-forward-pass record to the tokenizer process. What it does publish is a
+``LoadSnapshot`` per DP rank (shared memory, what ``TokenizerManager.get_loads`` reads; read here
+off the event loop, ``load_reading``): the scheduler writes one after every prefill batch, every
+``--load-snapshot-publish-interval`` decode batches, and when it idles. This poller reads them every
+``interval`` seconds (only while someone is subscribed) and publishes, per rank:
 
 - BATCH for each new snapshot (its SGLang timestamp changed): running/waiting requests, KV tokens;
 - QUEUE when the waiting count changed since the last snapshot seen.
@@ -19,18 +19,18 @@ import asyncio
 import itertools
 import logging
 import time
-from typing import Any
 
 from openengine_adapters.backend import RuntimeEventData
 from openengine_adapters.event_hub import EventHub
+from openengine_adapters.sglang.load_reading import LoadReads
 from openengine_adapters.types import RuntimeEventType
 
 log = logging.getLogger(__name__)
 
 
 class LoadPoller:
-    def __init__(self, tm: Any, interval: float, page_size: int = 1, hub_queue_size: int = 1024) -> None:
-        self.tm = tm
+    def __init__(self, reads: LoadReads, interval: float, page_size: int = 1, hub_queue_size: int = 1024) -> None:
+        self.reads = reads
         self.interval = interval
         self.page_size = max(1, int(page_size or 1))
         self.events: EventHub[RuntimeEventData] = EventHub(hub_queue_size)
@@ -55,13 +55,14 @@ class LoadPoller:
             if self.events.subscriber_count == 0:
                 continue
             try:
-                loads = await self.tm.get_loads(include=["core"])
+                loads = await self.reads.snapshots()
             except asyncio.CancelledError:
                 raise
             except Exception:  # the engine is going away; the next poll tells
                 log.debug("SGLang get_loads failed", exc_info=True)
                 continue
-            self.observe(loads)
+            if loads is not None:  # None: a stopped scheduler holds the lock, nothing new to publish
+                self.observe(loads)
 
     def observe(self, loads) -> None:
         """Publish the events for one ``get_loads`` result (one snapshot per DP rank)."""

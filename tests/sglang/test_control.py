@@ -193,3 +193,38 @@ async def test_runtime_events_batch_and_queue_from_load_snapshots(served):
     assert 0.0 < float(busy["kv_cache_usage"]) <= 1.0
     assert types <= {observability_pb2.RUNTIME_EVENT_TYPE_BATCH, observability_pb2.RUNTIME_EVENT_TYPE_QUEUE}
     await read_rest(call)
+
+
+async def test_a_scheduler_holding_its_load_snapshot_lock_does_not_freeze_the_server(served):
+    """SGLang reads its load snapshots under the snapshot file's flock, in the calling thread, and a
+    scheduler holds that lock while it writes (srt/managers/load_snapshot.py): a scheduler stopped
+    there froze the sidecar's event loop, GetLoad, Health and every stream with it. The lock is taken
+    here as a writing scheduler takes it (LOCK_EX on the same file)."""
+    import fcntl
+    import os
+    import threading
+    import time
+
+    from openengine_adapters.sglang.load_reading import SNAPSHOT_TIMEOUT_S
+
+    fd = os.open(served.tm.load_snapshot_reader.path, os.O_RDONLY)
+    # released by a thread at the latest: a frozen event loop (the bug) could not run the finally
+    release = threading.Timer(8, fcntl.flock, (fd, fcntl.LOCK_UN))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        release.start()
+        started = time.monotonic()
+        loads = [served.stub.GetLoad(observability_pb2.GetLoadRequest(), timeout=10) for _ in range(2)]
+        health = served.stub.Health(lifecycle_pb2.HealthRequest(), timeout=10)
+        *answers, state = await asyncio.gather(*loads, health)
+        assert time.monotonic() - started < SNAPSHOT_TIMEOUT_S + 2
+        assert state.state == lifecycle_pb2.HEALTH_STATE_READY
+        for load in answers:  # the two share one read, which waits on the lock
+            assert load.attributes["engine_load"].startswith("unavailable: SGLang's load snapshot"), load
+            assert not load.HasField("total_kv_blocks")
+    finally:
+        release.cancel()
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    after = await served.stub.GetLoad(observability_pb2.GetLoadRequest(), timeout=10)
+    assert "engine_load" not in after.attributes and after.total_kv_blocks == 8192 // PAGE_SIZE

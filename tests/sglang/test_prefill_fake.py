@@ -71,7 +71,11 @@ class FakePrefillTokenizerManager:
     def abort_request(self, rid="", abort_all=False):
         self.aborted.add(rid)
 
-    async def get_loads(self, include=None, dp_rank=None):
+    @property
+    def load_snapshot_reader(self):  # SGLang's ShmLoadSnapshotReader: read_all, a blocking read
+        return SimpleNamespace(read_all=self.read_loads)
+
+    def read_loads(self):
         return [SimpleNamespace(dp_rank=0, num_running_reqs=self.running, num_waiting_reqs=0,
                                 num_used_tokens=0, max_total_num_tokens=8192, num_waiting_uncached_tokens=0,
                                 timestamp=1.0)]

@@ -51,7 +51,7 @@ def snap(ts, running, waiting, used=8):
 
 
 async def test_poller_publishes_batch_per_snapshot_and_queue_on_change():
-    poller = LoadPoller(tm=None, interval=1.0, page_size=4)
+    poller = LoadPoller(reads=None, interval=1.0, page_size=4)
     sub = poller.events.subscribe()
     poller.observe([snap(1.0, 1, 0)])
     poller.observe([snap(1.0, 1, 0)])      # the same snapshot again: nothing new
