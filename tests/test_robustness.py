@@ -144,13 +144,14 @@ async def test_label_only_scorer_refuses_native_scoring_before_acceptance(serve)
 
 
 def test_replay_endpoint_wildcards_are_replaced_with_the_advertised_host():
-    from openengine_adapters.core.discovery import routable_url
+    from openengine_adapters.kv_events.sources import with_host
 
-    assert routable_url("tcp://*:5558", "10.0.0.7") == "tcp://10.0.0.7:5558"
-    assert routable_url("tcp://0.0.0.0:5558", "h") == "tcp://h:5558"
-    assert routable_url("tcp://node-3:5558", "h") == "tcp://node-3:5558"
-    assert routable_url("ipc:///tmp/kv", "h") == "ipc:///tmp/kv"
-    assert routable_url("", "h") == ""
+    assert with_host("tcp://*:5558", "10.0.0.7") == "tcp://10.0.0.7:5558"
+    assert with_host("tcp://0.0.0.0:5558", "h") == "tcp://h:5558"
+    assert with_host("tcp://[::]:5558", "fd00::7") == "tcp://[fd00::7]:5558"  # an IPv6 host in brackets
+    assert with_host("tcp://node-3:5558", "h") == "tcp://node-3:5558"
+    assert with_host("ipc:///tmp/kv", "h") == "ipc:///tmp/kv"
+    assert with_host("", "h") == ""
 
 
 async def test_a_hanging_engine_abort_does_not_hold_the_request_forever(oe, monkeypatch):

@@ -138,6 +138,8 @@ class ModelCard:
     generation: GenerationSupport | None = None
     supports_lora: bool | None = None
     supports_multimodal: bool | None = None
+    # the modalities a multimodal model takes (empty: any); no wire field, so what validation checks
+    media_modalities: tuple[Modality, ...] = field(default=(), metadata={"wire": False})
     reasoning_parser: str = ""
     tool_call_parser: str = ""
     tasks: TaskSupport | None = None

@@ -9,6 +9,7 @@ import time
 from openengine_adapters import schema
 from openengine_adapters.backend import LoadSnapshot
 from openengine_adapters.core.state import CoreState
+from openengine_adapters.kv_events.sources import with_host
 from openengine_adapters.messages import engine as engine_messages
 from openengine_adapters.messages import kv as kv_messages
 from openengine_adapters.messages import model as model_messages
@@ -19,17 +20,6 @@ from openengine_adapters.validation.kv import WILDCARD_HOSTS
 
 # the native KV-event source's topic: the RPC that serves it (v0.1.0's Control service)
 NATIVE_KV_EVENTS_TOPIC = "openengine.v1.Control/SubscribeKvEvents"
-
-
-def routable_url(url: str, host: str) -> str:
-    """``tcp://*:5558`` -> ``tcp://HOST:5558``: a bind wildcard is never advertised."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    address, colon, port = rest.rpartition(":")
-    if colon and address in WILDCARD_HOSTS:
-        return f"{scheme}://{host}:{port}"
-    return url
 
 
 class DiscoveryRpcs(CoreState):
@@ -101,6 +91,6 @@ class DiscoveryRpcs(CoreState):
             msg.CopyFrom(kv_messages.kv_event_source(src))
             if msg.endpoint_addr.host in WILDCARD_HOSTS:
                 msg.endpoint_addr.host = self.options.advertise_host
-            msg.replay_endpoint = routable_url(msg.replay_endpoint, self.options.advertise_host)
+            msg.replay_endpoint = with_host(msg.replay_endpoint, self.options.advertise_host)  # never a wildcard
         return resp
 

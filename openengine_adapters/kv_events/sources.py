@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from openengine_adapters.backend import KvEndpoint, KvEventSourceInfo
+from openengine_adapters.validation.kv import WILDCARD_HOSTS
 
-WILDCARDS = frozenset({"*", "0.0.0.0", "::", "[::]", ""})
 _TCP = re.compile(r"^tcp://(?P<host>\[[^\]]*\]|[^:/]*):(?P<port>\d+)$")
 
 
@@ -48,7 +48,7 @@ def split_tcp(endpoint: str) -> tuple[str, int] | None:
 def with_host(endpoint: str, host: str) -> str:
     """``tcp://*:5557`` -> ``tcp://<host>:5557`` when the host is a bind wildcard; others unchanged."""
     parts = split_tcp(endpoint)
-    if parts is None or parts[0] not in WILDCARDS:
+    if parts is None or parts[0] not in WILDCARD_HOSTS:
         return endpoint
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"

@@ -299,11 +299,15 @@ class SglangBackend(SglangCard, SglangLora, SglangTasks, be.EngineBackend):
 
     async def load(self, per_rank: bool) -> be.LoadSnapshot:
         try:
-            loads = await self.tm.get_loads(include=["core"])
+            loads = await self.load_reads.snapshots()
         except Exception as exc:
             raise EngineFailure(ErrorCode.INTERNAL, f"SGLang get_loads failed: {exc}") from None
         in_flight = sum(len(rids) for rids in self._live.values())  # engine requests (n per OpenEngine one)
-        snap = translate.with_in_flight(translate.load_snapshot(loads, self.page_size, per_rank), in_flight)
+        if loads is None:  # a stopped scheduler holds the snapshot's lock: our own counts only
+            snap = be.LoadSnapshot(attributes={"engine_load": "unavailable: SGLang's load snapshot stayed "
+                                                              f"locked for {SNAPSHOT_TIMEOUT_S:g} s"})
+        else:
+            snap = translate.with_in_flight(translate.load_snapshot(loads, self.page_size, per_rank), in_flight)
         attrs = dict(snap.attributes)
         attrs["in_flight_requests"] = len(self._live)
         return be.LoadSnapshot(**{**snap.__dict__, "attributes": attrs, "active_kv_sessions": self.open_kv_sessions()})
@@ -316,9 +320,6 @@ class SglangBackend(SglangCard, SglangLora, SglangTasks, be.EngineBackend):
                             "(--disaggregation-mode decode has no local prefill)")
 
     async def validate_generate(self, params: be.GenerateParams) -> None:
-        if params.priority is not None and self.low_first:
-            raise invalid("priority: SGLang runs with --schedule-low-priority-values-first, the opposite of "
-                          "OpenEngine's ordering")
         if self.role == EngineRole.DECODE and params.kv_session is not None:
             kw = translate.decode_session(params.kv_session.attributes)
             check_seal(params.kv_session.attributes, params.prompt, params.token_ids)
@@ -327,8 +328,6 @@ class SglangBackend(SglangCard, SglangLora, SglangTasks, be.EngineBackend):
                 # the fake backend (FakeKVManager has no prefill_info_table)
                 raise invalid(f"kv.session.attributes_struct.bootstrap_host: the fake transfer backend takes only "
                               f"SGLang's fake bootstrap host {translate.FAKE_BOOTSTRAP_HOST}")
-        if params.lora_name and params.lora_name not in self._loras:
-            raise not_found(f"lora_name: adapter {params.lora_name!r} is not loaded", ErrorCode.MODEL_NOT_FOUND)
 
     def _disagg(self, params: be.GenerateParams) -> tuple[dict[str, Any] | None, be.KvSession | None]:
         if self.role == EngineRole.PREFILL:
@@ -354,7 +353,8 @@ class SglangBackend(SglangCard, SglangLora, SglangTasks, be.EngineBackend):
         if used is not None:
             self.sessions.consume(used)  # a second decode would pull KV the prefill side released
         try:
-            objs = [GenerateReqInput(**translate.request_kwargs(params, rid, i, disagg=disagg))
+            objs = [GenerateReqInput(**translate.request_kwargs(params, rid, i, disagg=disagg,
+                                                                   low_priority_first=self.low_first))
                     for i, rid in enumerate(rids)]
         except (ValueError, TypeError) as exc:
             if used is not None:

@@ -36,13 +36,12 @@ class SglangCard:
         gen = None
         if self.is_generation:
             top = self.options.max_top_n
-            prefill = self.role == EngineRole.PREFILL
             gen = be.GenerationSupport(
                 prompt_logprobs=be.LogprobSupport(True, (CandidateMode.TOP_N,), top),
                 output_logprobs=be.LogprobSupport(True, (CandidateMode.TOP_N, CandidateMode.TOKEN_IDS), top),
                 guided_decoding=card.guided_support(card.ALL_GUIDED if self.grammar_backend != "none" else None,
                                                     self.grammar_backend),
-                max_num_sequences=1 if prefill else self.options.max_num_sequences,
+                max_num_sequences=self.options.max_num_sequences,  # a prefill's 1: messages.model.card_for_role
                 supports_priority=self.priority_on,
                 supports_stop_in_output=True,
                 supports_cache_salt=self.radix,

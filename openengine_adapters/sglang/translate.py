@@ -136,8 +136,9 @@ def top_logprobs_num(lp: be.LogprobRequest) -> int:
 
 
 def request_kwargs(p: be.GenerateParams, rid: str, index: int = 0, *,
-                   disagg: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """``GenerateReqInput`` keyword arguments for output ``index`` (one SGLang request)."""
+                   disagg: Mapping[str, Any] | None = None, low_priority_first: bool = False) -> dict[str, Any]:
+    """``GenerateReqInput`` keyword arguments for output ``index`` (one SGLang request).
+    ``low_priority_first``: SGLang runs with ``--schedule-low-priority-values-first``."""
     kw: dict[str, Any] = {"rid": rid, "stream": True,
                           "sampling_params": sampling_params(p, index)}
     if p.prompt is not None:
@@ -159,8 +160,8 @@ def request_kwargs(p: be.GenerateParams, rid: str, index: int = 0, *,
             kw["token_ids_logprob"] = list(sel.token_ids)
     if p.lora_name:
         kw["lora_path"] = p.lora_name  # SGLang resolves the registered adapter name
-    if p.priority is not None:
-        kw["priority"] = p.priority
+    if p.priority is not None:  # OpenEngine: higher runs first, as SGLang's default
+        kw["priority"] = -p.priority if low_priority_first else p.priority
     if p.cache_salt is not None:
         kw["cache_salt"] = p.cache_salt
     if p.data_parallel_rank is not None:

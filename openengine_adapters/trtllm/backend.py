@@ -40,6 +40,7 @@ from openengine_adapters.types import (
     ErrorCode,
     HealthState,
 )
+from openengine_adapters.validation.generate import check_room
 
 log = logging.getLogger(__name__)
 
@@ -258,7 +259,8 @@ class TrtllmBackend(TrtllmCard, EngineQueuePolling, LazyLoraRegistry, TrtllmTask
         from tensorrt_llm import SamplingParams
         from tensorrt_llm.sampling_params import GuidedDecodingParams
 
-        kw = translate.sampling_kwargs(params, prompt_len, self.max_context)
+        check_room(prompt_len, params.stopping.max_tokens, self._card.max_context_length)
+        kw = translate.sampling_kwargs(params)
         if params.guided is not None:
             kw["guided_decoding"] = GuidedDecodingParams(**guide_kwargs(params.guided, choice_as_regex=True))
         if self.tokenizer is not None:

@@ -35,26 +35,6 @@ OPTIONAL_DISAGG_FIELDS = ("disagg_request_id", "ctx_dp_rank", "ctx_info_endpoint
 # --------------------------------------------------------------------------- request side
 
 
-def max_tokens(p: be.GenerateParams, prompt_len: int, max_context: int | None) -> int | None:
-    """``SamplingParams.max_tokens``: the client's, or None when it gave none.
-
-    None lets TensorRT-LLM's worker deduce the room left in its own max_seq_len
-    (``executor/base_worker.py`` ``_deduce_max_tokens``), which the LLM object does not expose
-    unless the user set it. An explicit value beyond that room would be clamped silently by the
-    same function, so where the context length is known it is refused here instead, and a prompt
-    that leaves no room is refused before acceptance.
-    """
-    limit = p.stopping.max_tokens
-    if max_context is not None:
-        if limit is not None and prompt_len + limit > max_context:
-            raise invalid(f"stopping.max_tokens: prompt ({prompt_len} tokens) + max_tokens "
-                          f"({limit}) exceeds the context length {max_context}")
-        if prompt_len >= max_context:
-            raise invalid(f"input: the prompt ({prompt_len} tokens) leaves no room to generate within "
-                          f"the context length {max_context}")
-    return limit
-
-
 def logprob_count(sel: be.CandidateSelection | None) -> int:
     """TensorRT-LLM's top-k ``logprobs``/``prompt_logprobs`` count for a TOP_N selection.
 
@@ -71,13 +51,16 @@ def logprob_count(sel: be.CandidateSelection | None) -> int:
 SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
 
 
-def sampling_kwargs(p: be.GenerateParams, prompt_len: int, max_context: int | None) -> dict[str, Any]:
+def sampling_kwargs(p: be.GenerateParams) -> dict[str, Any]:
     """``SamplingParams`` keyword arguments for a validated request: the shared options, absent
-    sampling knobs at ``SAMPLING_DEFAULTS``, ``max_tokens`` None when absent, top_k -1 mapped to 0
-    and top-k logprob counts."""
+    sampling knobs at ``SAMPLING_DEFAULTS``, top_k -1 mapped to 0 and top-k logprob counts.
+    ``max_tokens`` is None when the client gave none: TensorRT-LLM's worker then deduces the room left
+    in its own max_seq_len (``executor/base_worker.py`` ``_deduce_max_tokens``), which the LLM object
+    does not expose unless the user set it (``validation.generate.check_room`` refuses what it would
+    clamp)."""
     lp = p.logprobs
     kw = common_sampling_kwargs(p, "trtllm")
-    kw["max_tokens"] = max_tokens(p, prompt_len, max_context)
+    kw["max_tokens"] = p.stopping.max_tokens
     if p.sampling.top_k is not None:
         kw["top_k"] = max(p.sampling.top_k, 0)  # OpenEngine -1/0 = disabled; TensorRT-LLM 0 = all tokens
     for name, value in SAMPLING_DEFAULTS.items():

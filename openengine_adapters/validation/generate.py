@@ -96,12 +96,7 @@ def parse_generate(
         if kv.HasField("session"):
             session = parse_kv_session(kv.session, "kv.session", engine.transfer_backend)
         if kv.HasField("data_parallel_rank"):
-            if kv.data_parallel_rank >= engine.data_parallel_size:
-                raise invalid(
-                    f"kv.data_parallel_rank: {kv.data_parallel_rank} is out of range for "
-                    f"data_parallel_size {engine.data_parallel_size}"
-                )
-            dp_rank = kv.data_parallel_rank
+            dp_rank = check_dp_rank(kv.data_parallel_rank, engine.data_parallel_size, "kv.data_parallel_rank")
         if kv.HasField("bypass_prefix_cache"):
             if gen.supports_prefix_cache_bypass:
                 bypass = kv.bypass_prefix_cache
@@ -161,6 +156,27 @@ def _parse_input(req, card: ModelCard) -> tuple[str | None, tuple[int, ...] | No
         raise invalid(f"token_ids.ids: the prompt has {len(ids)} tokens, more than the model's "
                       f"max_context_length {card.max_context_length}")
     return None, ids
+
+
+def check_dp_rank(rank: int, data_parallel_size: int, field: str) -> int:
+    """A target data-parallel rank the engine has (``field``: where the surface carries it)."""
+    if rank >= data_parallel_size:
+        raise invalid(f"{field}: {rank} is out of range for data_parallel_size {data_parallel_size}")
+    return rank
+
+
+def check_room(prompt_len: int, max_tokens: int | None, max_context: int | None) -> None:
+    """The prompt leaves room to generate, and the tokens asked for fit, within the context length:
+    for an engine that would clamp ``max_tokens`` silently instead (TensorRT-LLM's worker,
+    ``executor/base_worker.py`` ``_deduce_max_tokens``), called once it has counted a text prompt."""
+    if max_context is None:
+        return
+    if max_tokens is not None and prompt_len + max_tokens > max_context:
+        raise invalid(f"stopping.max_tokens: prompt ({prompt_len} tokens) + max_tokens "
+                      f"({max_tokens}) exceeds the context length {max_context}")
+    if prompt_len >= max_context:
+        raise invalid(f"input: the prompt ({prompt_len} tokens) leaves no room to generate within "
+                      f"the context length {max_context}")
 
 
 def _parse_sampling(req, gen: GenerationSupport, lenient: Leniency | None) -> Sampling:
@@ -337,7 +353,7 @@ def _parse_guided(g, gen: GenerationSupport) -> Guided:
 def _parse_media(req, card: ModelCard) -> tuple[Media, ...]:
     if not req.media:
         return ()
-    check_media(req.media, "media", () if card.supports_multimodal else None)
+    check_media(req.media, "media", card.media_modalities if card.supports_multimodal else None)
     return tuple(parse_media_item(m) for m in req.media)
 
 

@@ -24,7 +24,6 @@ from openengine_adapters.types import (
     EngineRole,
     ErrorCode,
     HealthState,
-    Modality,
 )
 from openengine_adapters.vllm import disagg, translate
 from openengine_adapters.vllm.card import VllmCard
@@ -223,11 +222,6 @@ class VllmBackend(VllmCard, VllmTasks, be.EngineBackend):
         return self.stats.events.subscribe(lambda e: not wanted or e.type in wanted).__aiter__()
 
     # ------------------------------------------------------------------ generation
-
-    async def validate_generate(self, params: be.GenerateParams) -> None:
-        for i, m in enumerate(params.media):
-            if m.modality != Modality.IMAGE:
-                raise invalid(f"media[{i}].modality: only images are supported by the vLLM adapter")
 
     def _sampling_params(self, params: be.GenerateParams, kv_transfer_params: dict | None = None):
         from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams

@@ -12,6 +12,7 @@ from openengine_adapters.types import (
     EmbeddingEncoding,
     EngineRole,
     Granularity,
+    Modality,
     ScoreNormalization,
     TaskInputType,
     ValueSemantics,
@@ -67,6 +68,7 @@ class VllmCard:
             generation=gen,
             supports_lora=self.config.lora_config is not None,
             supports_multimodal=bool(mc.is_multimodal_model),
+            media_modalities=(Modality.IMAGE,),  # media.py loads images only
             tasks=self._task_support() if self.role == EngineRole.AGGREGATED else None,
             extra={"dtype": str(mc.dtype).removeprefix("torch."), "kv_cache_dtype": str(cc.cache_dtype),
                    "max_logprobs": mc.max_logprobs, **({"quantization": mc.quantization} if mc.quantization else {})},

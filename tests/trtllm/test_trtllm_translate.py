@@ -12,30 +12,29 @@ from openengine_adapters.engine_kit.stop_text import stop_prefix_len
 from openengine_adapters.errors import EngineFailure, RequestRejected
 from openengine_adapters.trtllm import translate as tr
 from openengine_adapters.types import CandidateMode, FinishReason, StorageMedium
+from openengine_adapters.validation.generate import check_room
 
 
 def params(**kw) -> be.GenerateParams:
     return be.GenerateParams(request_id="r", model="m", token_ids=(1, 2), **kw)
 
 
-@pytest.mark.parametrize("stopping, prompt_len, ctx, expected", [
-    (be.Stopping(max_tokens=5), 2, 100, 5),
-    (be.Stopping(), 2, 100, None),   # the worker deduces the room itself (_deduce_max_tokens)
-    (be.Stopping(), 99, 100, None),
-    (be.Stopping(max_tokens=5), 2, None, 5),
-    (be.Stopping(), 2, None, None),  # no context length known: still the engine's to deduce
+@pytest.mark.parametrize("max_tokens, prompt_len, ctx", [
+    (5, 2, 100), (None, 2, 100),   # none: the worker deduces the room itself (_deduce_max_tokens)
+    (None, 99, 100), (5, 2, None), (None, 2, None),  # no context length known: still the engine's to deduce
 ])
-def test_max_tokens(stopping, prompt_len, ctx, expected):
-    assert tr.max_tokens(params(stopping=stopping), prompt_len, ctx) == expected
+def test_max_tokens_as_asked_when_it_fits(max_tokens, prompt_len, ctx):
+    check_room(prompt_len, max_tokens, ctx)
+    assert tr.sampling_kwargs(params(stopping=be.Stopping(max_tokens=max_tokens)))["max_tokens"] == max_tokens
 
 
-@pytest.mark.parametrize("stopping, prompt_len, ctx, fragment", [
-    (be.Stopping(), 100, 100, "no room"),
-    (be.Stopping(max_tokens=10), 95, 100, "exceeds the context"),  # TensorRT-LLM would clamp silently
+@pytest.mark.parametrize("max_tokens, prompt_len, ctx, fragment", [
+    (None, 100, 100, "no room"),
+    (10, 95, 100, "exceeds the context"),  # TensorRT-LLM would clamp silently
 ])
-def test_max_tokens_rejected(stopping, prompt_len, ctx, fragment):
+def test_max_tokens_rejected(max_tokens, prompt_len, ctx, fragment):
     with pytest.raises(RequestRejected, match=fragment):
-        tr.max_tokens(params(stopping=stopping), prompt_len, ctx)
+        check_room(prompt_len, max_tokens, ctx)
 
 
 DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
@@ -55,7 +54,7 @@ DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
      {"n": 1, "max_tokens": None, "logprobs": 4, "prompt_logprobs": 1, **DEFAULTS}),
 ])
 def test_sampling_kwargs(p, expected):
-    assert tr.sampling_kwargs(p, 2, 12) == expected
+    assert tr.sampling_kwargs(p) == expected
 
 
 @pytest.mark.parametrize("reason, stop_reason, expected", [

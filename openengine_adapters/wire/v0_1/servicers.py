@@ -32,6 +32,7 @@ from openengine_adapters.v0_1 import (
     server_pb2,
 )
 from openengine_adapters.validation.extra import describe, request_struct
+from openengine_adapters.validation.generate import check_dp_rank
 from openengine_adapters.wire.decode import method_handler
 from openengine_adapters.wire.v0_1 import metadata, translate
 
@@ -55,10 +56,9 @@ class InferenceServicer:
         core = self.core
         # a priority the model does not schedule by is served in default order (validation.leniency)
         if meta.target_dp_rank is not None:
-            size = core.identity.parallelism.data_parallel_size or 1
-            if meta.target_dp_rank >= size:
-                raise invalid(f"{metadata.TARGET_DP_RANK}: {meta.target_dp_rank} is out of range for "
-                              f"data_parallel_size {size}")
+            # the core checks the range again as kv.data_parallel_rank, a field v0.1.0 does not have
+            check_dp_rank(meta.target_dp_rank, core.identity.parallelism.data_parallel_size or 1,
+                          metadata.TARGET_DP_RANK)
             session = request.kv.session if request.kv.HasField("session") else None
             if session is not None and session.dp_rank != meta.target_dp_rank:
                 raise invalid(f"{metadata.TARGET_DP_RANK}: {meta.target_dp_rank} disagrees with "

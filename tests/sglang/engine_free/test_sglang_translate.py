@@ -92,6 +92,9 @@ def test_request_kwargs():
         "lora_path": "ad", "priority": 3, "cache_salt": "s", "routed_dp_rank": 1}
     kw = t.request_kwargs(params(prompt=None, token_ids=(1, 2)), "rid", disagg={"bootstrap_room": 5})
     assert kw["input_ids"] == [1, 2] and "text" not in kw and kw["bootstrap_room"] == 5
+    # OpenEngine runs higher priorities first; --schedule-low-priority-values-first runs lower values
+    # first, so the value is negated rather than the request refused (as vLLM's priority policy)
+    assert t.request_kwargs(p, "rid", low_priority_first=True)["priority"] == -3
 
 
 @pytest.mark.parametrize("lp,expected", [
