@@ -51,7 +51,7 @@ async def limit_target(flags: list[str], tokens: int) -> Target:
 
     from sglang.srt.server_args import ServerArgs
 
-    from openengine_adapters.sglang.engine import create_engine
+    from openengine_adapters.sglang.startup import create_engine
 
     p = argparse.ArgumentParser()
     ServerArgs.add_cli_args(p)

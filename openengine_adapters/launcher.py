@@ -8,6 +8,8 @@
   check and the engine import (``early_server_args``, ``check_model_path``).
 - ``startup``: SIGINT/SIGTERM/SIGHUP during start-up stop the engine's processes and end the
   launcher with one line, no tracebacks; an engine that fails to start ends with one line too.
+- ``EngineLauncher``: these steps in one order for every engine, each engine's ``__main__`` saying
+  only what differs.
 - ``detach_engine_processes``: the engine processes a launcher spawns start in their own process
   group, so a Ctrl-C reaches the launcher alone, which drains and then stops its engine (as uvicorn
   does for its workers) instead of the engine aborting everything at once under it.
@@ -16,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import importlib.metadata
 import logging
@@ -115,7 +118,7 @@ def early_server_args(argv: Sequence[str], prog: str | None = None, model_flag: 
     (engine-free). Unknown flags are left to the engine's parser."""
     if any(a in ("-h", "--help") or a.startswith("--help=") for a in argv):
         return None
-    from openengine_adapters.server import add_server_args
+    from openengine_adapters.server_config import add_server_args
 
     p = argparse.ArgumentParser(prog=prog, add_help=False, allow_abbrev=False)
     add_server_args(p)
@@ -252,6 +255,94 @@ def startup(engine: str) -> Iterator[None]:
         for sig, handler in previous.items():
             with contextlib.suppress(ValueError, TypeError):
                 signal.signal(sig, handler)
+
+
+# --------------------------------------------------------------------------------------------
+# the launcher's steps, in order
+
+
+class EngineLauncher:
+    """One engine's ``python -m openengine_adapters.<engine>``: the steps every launcher takes, in this
+    order, with the engine saying only what differs. ``--version`` without importing the engine; stop
+    signals during start-up handled (``startup``); our flags and the model path checked, then the
+    gRPC port reserved, before the engine is imported; the engine's parser; the engine's own
+    preparation (demo model, KV-event publisher, preflight); the engine started, a failure said in one
+    line; the server run on the reserved port."""
+
+    engine = ""  # its distribution's name, for --version
+    display = ""  # how lines name the engine ("vLLM")
+    prog = ""
+    model_flag: str | None = None  # the engine's model flag, checked before the engine is imported
+
+    def __init__(self) -> None:
+        self.argv: list[str] = []
+
+    def engine_version(self) -> str | None:
+        raise NotImplementedError
+
+    def add_adapter_args(self, parser: argparse.ArgumentParser) -> None:
+        """The adapter's own flags, read with ours before the engine is imported."""
+
+    def build_parser(self) -> argparse.ArgumentParser:
+        raise NotImplementedError
+
+    def first(self) -> None:
+        """What must happen before anything else in the process (environment for the engine)."""
+
+    def early_args(self) -> argparse.Namespace | None:
+        """Our flags (None for --help), read and checked before the port check."""
+        return early_server_args(self.argv, self.prog, self.model_flag, self.add_adapter_args)
+
+    def parse(self) -> argparse.Namespace:
+        return self.build_parser().parse_args(self.argv)
+
+    def prepare(self, ns: argparse.Namespace) -> None:
+        """The engine's own defaults and checks once every flag is parsed (demo model, KV events)."""
+
+    async def start_backend(self, ns: argparse.Namespace):
+        raise NotImplementedError
+
+    def startup_failure(self, exc: Exception) -> str:
+        """The one line a failed engine start ends with."""
+        return f"the {self.display} engine failed to start: {one_line(exc)}"
+
+    def server_config(self, ns: argparse.Namespace):
+        from openengine_adapters.server_config import server_config_from_args
+
+        return server_config_from_args(ns)
+
+    async def serve(self, ns: argparse.Namespace, reservation) -> None:
+        from openengine_adapters.server import run
+
+        try:
+            backend = await self.start_backend(ns)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            raise StartupFailed(self.startup_failure(exc)) from exc
+        if reservation is not None:
+            reservation.release()
+            ns.port = reservation.port  # port 0: the one reserved
+        await run(backend, self.server_config(ns))
+
+    def run_loop(self, coro) -> None:
+        asyncio.run(coro)
+
+    def after_serving(self) -> None:
+        """Served and stopped: what the process does last."""
+
+    def main(self, argv: list[str] | None = None) -> None:
+        self.argv = list(sys.argv[1:] if argv is None else argv)
+        handle_version(self.argv, self.engine, self.engine_version())
+        with startup(self.display):
+            self.first()
+            reservation = check_port_early(self.early_args())
+            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+            ns = self.parse()
+            reservation = recheck_port(reservation, ns)
+            self.prepare(ns)
+            self.run_loop(self.serve(ns, reservation))
+        self.after_serving()
 
 
 # --------------------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import eventually, gen_request, rejection
 from launch_helpers import Launched
 
-from openengine_adapters.server import ENGINE_DEATH_STOP_S, ENGINE_DIED_EXIT_CODE
+from openengine_adapters.server import ENGINE_DEATH_STOP_S
+from openengine_adapters.server_config import ENGINE_DIED_EXIT_CODE
 from openengine_adapters.types import ErrorCode
 from openengine_adapters.v1 import generation_pb2 as g
 from openengine_adapters.v1 import kv_pb2, lifecycle_pb2, observability_pb2, openengine_pb2_grpc

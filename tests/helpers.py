@@ -17,7 +17,8 @@ import grpc
 from launch_helpers import port_is_free, start_server
 
 from openengine_adapters.errors import ERROR_TRAILER
-from openengine_adapters.server import OpenEngineServer, ServerConfig
+from openengine_adapters.server import OpenEngineServer
+from openengine_adapters.server_config import ServerConfig
 from openengine_adapters.v1 import error_pb2, generation_pb2, openengine_pb2_grpc
 
 

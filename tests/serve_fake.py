@@ -12,7 +12,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fake_backend import FakeBackend  # noqa: E402
 
-from openengine_adapters.server import add_server_args, run, server_config_from_args  # noqa: E402
+from openengine_adapters.server import run
+from openengine_adapters.server_config import add_server_args, server_config_from_args
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

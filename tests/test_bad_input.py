@@ -8,7 +8,7 @@ import grpc
 from google.protobuf import message_factory
 from helpers import collect, expect_status, gen_request, rejection
 
-from openengine_adapters.core.registry import ENTRY_OVERHEAD_BYTES, RequestRegistry
+from openengine_adapters.core.live_requests import ENTRY_OVERHEAD_BYTES, RequestRegistry
 from openengine_adapters.errors import ERROR_TRAILER, MAX_MESSAGE_BYTES
 from openengine_adapters.v0_1 import error_pb2 as v01_error_pb2
 from openengine_adapters.v0_1 import openengine_pb2 as v01_openengine_pb2

@@ -15,7 +15,7 @@ from helpers import collect, gen_request
 from stream_contract import check_generate_stream
 
 from openengine_adapters.core.coalescing import MIN_TICK_S, MessageBudget, coalesced, merge
-from openengine_adapters.server import add_server_args, plugin_server_config, server_config_from_args
+from openengine_adapters.server_config import add_server_args, plugin_server_config, server_config_from_args
 from openengine_adapters.v1 import generation_pb2 as g
 
 

@@ -17,7 +17,8 @@ from fake_backend import FakeBackend, default_card
 
 from conformance import run_suite_async
 from conformance.checks import all_checks
-from openengine_adapters.server import OpenEngineServer, ServerConfig
+from openengine_adapters.server import OpenEngineServer
+from openengine_adapters.server_config import ServerConfig
 from openengine_adapters.types import EngineRole, GuidedMode
 
 ROOT = Path(__file__).resolve().parent.parent

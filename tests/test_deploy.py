@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from openengine_adapters.server import add_server_args
+from openengine_adapters.server_config import add_server_args
 
 ROOT = Path(__file__).resolve().parents[1]
 KUBERNETES = sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))

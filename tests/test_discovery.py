@@ -24,12 +24,8 @@ from helpers import eventually, expect_status, gen_request, rejection
 
 from openengine_adapters import backend as be
 from openengine_adapters import schema
-from openengine_adapters.server import (
-    ADVERTISE_HOST_ENV,
-    OpenEngineServer,
-    ServerConfig,
-    resolve_advertise_host,
-)
+from openengine_adapters.server import OpenEngineServer
+from openengine_adapters.server_config import ADVERTISE_HOST_ENV, ServerConfig, resolve_advertise_host
 from openengine_adapters.types import CandidateMode, EngineRole, Feature
 from openengine_adapters.v1 import (
     embedding_pb2,

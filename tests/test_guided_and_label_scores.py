@@ -6,7 +6,7 @@ import re
 import pytest
 
 from openengine_adapters import backend as be
-from openengine_adapters.engine_kit.guided import choice_regex, guide_kwargs
+from openengine_adapters.engine_kit.guided_kwargs import choice_regex, guide_kwargs
 from openengine_adapters.engine_kit.scores import label_score_result
 from openengine_adapters.types import GuidedMode, ScoreNormalization, ValueSemantics
 

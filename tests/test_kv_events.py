@@ -28,7 +28,8 @@ from openengine_adapters.errors import EngineFailure, RequestRejected
 from openengine_adapters.kv_events import DecodeError, DecodeStats, KvEventBridge, PublisherConfig, decode_batch
 from openengine_adapters.kv_events.bridge import split_blocks
 from openengine_adapters.kv_events.sources import local_address, offset_endpoint, publisher_binds, source_info
-from openengine_adapters.server import OpenEngineServer, ServerConfig
+from openengine_adapters.server import OpenEngineServer
+from openengine_adapters.server_config import ServerConfig
 from openengine_adapters.types import ErrorCode, Feature, StorageMedium
 from openengine_adapters.v1 import kv_pb2
 from openengine_adapters.v1.openengine_pb2_grpc import OpenEngineStub

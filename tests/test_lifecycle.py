@@ -19,8 +19,8 @@ from fake_backend import FakeBackend
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import collect, eventually, gen_request, rejection, serve_backend, start_fake
 
-from openengine_adapters.server import (
-    ENGINE_DEATH_STOP_S,
+from openengine_adapters.server import ENGINE_DEATH_STOP_S
+from openengine_adapters.server_config import (
     ENGINE_DIED_EXIT_CODE,
     PLUGIN_ENV,
     ServerConfig,
@@ -168,7 +168,7 @@ async def test_dead_is_final_and_kept_alive_when_asked():
 def test_the_flag_and_the_plugin_variable(monkeypatch):
     import argparse
 
-    from openengine_adapters.server import add_server_args
+    from openengine_adapters.server_config import add_server_args
 
     parser = argparse.ArgumentParser()
     add_server_args(parser)
@@ -266,7 +266,7 @@ async def test_keep_alive_on_engine_death_serves_on_not_ready_until_stopped():
 def test_a_plugin_refuses_a_keep_alive_setting_its_host_server_would_not_honour(monkeypatch):
     """Plugin mode follows the host (vllm serve: VLLM_KEEP_ALIVE_ON_ENGINE_DEATH; sglang serve: never
     keeps a dead engine's process): our variable, when set, must agree, or the plugin does not start."""
-    from openengine_adapters.server import check_plugin_keep_alive
+    from openengine_adapters.server_config import check_plugin_keep_alive
 
     monkeypatch.setenv("OE_TEST_PORT", "0")
     monkeypatch.delenv("OPENENGINE_KEEP_ALIVE_ON_ENGINE_DEATH", raising=False)

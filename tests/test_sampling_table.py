@@ -8,7 +8,7 @@ from helpers import expect_status, gen_request
 
 from openengine_adapters import backend as be
 from openengine_adapters.sampling import REAL_FIELDS, SAMPLING_FIELDS, set_sampling
-from openengine_adapters.sglang.translate import sampling_params
+from openengine_adapters.sglang.request_mapping import sampling_params
 from openengine_adapters.v1 import generation_pb2 as g
 
 

@@ -16,7 +16,8 @@ import pytest
 from fake_backend import FakeBackend
 
 from openengine_adapters.security.channel import open_channel
-from openengine_adapters.server import OpenEngineServer, ServerConfig
+from openengine_adapters.server import OpenEngineServer
+from openengine_adapters.server_config import ServerConfig
 from openengine_adapters.v1 import lifecycle_pb2, openengine_pb2_grpc
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,7 +19,8 @@ from pki import make_ca
 
 from openengine_adapters.client import OpenEngineClient
 from openengine_adapters.security.tls import TlsConfigError, TlsFiles
-from openengine_adapters.server import OpenEngineServer, ServerConfig, plugin_server_config
+from openengine_adapters.server import OpenEngineServer
+from openengine_adapters.server_config import ServerConfig, plugin_server_config
 from openengine_adapters.v1 import engine_pb2, generation_pb2
 
 ROOT = Path(__file__).resolve().parent.parent

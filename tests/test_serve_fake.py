@@ -15,7 +15,7 @@ from pki import make_ca
 
 from openengine_adapters.errors import ERROR_TRAILER
 from openengine_adapters.security.channel import open_channel
-from openengine_adapters.server import add_server_args
+from openengine_adapters.server_config import add_server_args
 from openengine_adapters.v1 import (
     engine_pb2,
     error_pb2,

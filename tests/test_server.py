@@ -13,7 +13,8 @@ from pathlib import Path
 import grpc
 from helpers import gen_request, read_rest
 
-from openengine_adapters.server import freeze_startup_heap, resolve_advertise_host
+from openengine_adapters.server import freeze_startup_heap
+from openengine_adapters.server_config import resolve_advertise_host
 from openengine_adapters.v1 import generation_pb2, openengine_pb2_grpc
 
 ROOT = Path(__file__).resolve().parent.parent

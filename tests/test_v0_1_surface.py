@@ -17,7 +17,7 @@ from helpers import collect, expect_status, gen_request, read_rest, rejection, v
 
 from openengine_adapters import schema
 from openengine_adapters.errors import ERROR_TRAILER
-from openengine_adapters.server import parse_surfaces
+from openengine_adapters.server_config import parse_surfaces
 from openengine_adapters.types import EngineRole, ErrorCode
 from openengine_adapters.v0_1 import error_pb2 as v01_error
 from openengine_adapters.v0_1 import generation_pb2 as v01_gen
@@ -416,7 +416,7 @@ def test_parse_surfaces():
 
 
 def test_error_code_mapping_is_total():
-    from openengine_adapters.wire.v0_1.translate import ERROR_CODE
+    from openengine_adapters.wire.v0_1.server_mapping import ERROR_CODE
 
     assert set(ERROR_CODE) == {int(c) for c in ErrorCode}
     assert set(ERROR_CODE.values()) <= set(v01_error.ErrorCode.values())
@@ -539,14 +539,14 @@ def test_v0_1_kv_batches_leave_out_vllms_default_cache_kind_that_dynamo_refuses(
     """vLLM 0.32 marks every BlockStored ``kv_cache_spec_kind = "full_attention"``; Dynamo's KV reader
     (ai-dynamo/dynamo lib/sidecar/openengine/src/kv.rs @0cc34d99, ``convert_event``) refuses any kind and
     ends its subscription. On v0.1.0 the default kind is left out; any other kind stays (a hybrid cache)."""
-    from openengine_adapters.wire.v0_1 import translate
+    from openengine_adapters.wire.v0_1 import server_mapping
 
     resp = kv_pb2.SubscribeKvEventsResponse()
     for kind, window in (("full_attention", 0), ("sliding_window", 128), ("full_attention", 64), ("", 0)):
         resp.batch.events.add().block_stored.CopyFrom(kv_pb2.BlockStored(
             block_size=32, kv_cache_spec_kind=kind, kv_cache_spec_sliding_window=window))
     resp.batch.events.add().block_removed.SetInParent()
-    out = translate.kv_events_batch(resp)
+    out = server_mapping.kv_events_batch(resp)
     assert [(e.block_stored.kv_cache_spec_kind, e.block_stored.kv_cache_spec_sliding_window)
             for e in out.batch.events if e.HasField("block_stored")] == \
         [("", 0), ("sliding_window", 128), ("full_attention", 64), ("", 0)]
@@ -559,7 +559,7 @@ async def test_kv_block_hash_encoding_decimal_int64_is_what_v0_1_sends_when_aske
     @0cc34d99); revision 1 keeps the engine's bytes. The default stays upstream's ``int64``."""
     import argparse
 
-    from openengine_adapters.server import add_server_args, plugin_server_config, server_config_from_args
+    from openengine_adapters.server_config import add_server_args, plugin_server_config, server_config_from_args
 
     parser = argparse.ArgumentParser()
     add_server_args(parser)

@@ -17,7 +17,7 @@ from fake_backend import FakeBackend, default_card
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import collect, eventually, gen_request, rejection, serve_backend, start_fake
 
-from openengine_adapters.server import PLUGIN_ENV, ServerConfig, connection_options, plugin_server_config
+from openengine_adapters.server_config import PLUGIN_ENV, ServerConfig, connection_options, plugin_server_config
 from openengine_adapters.types import ErrorCode
 from openengine_adapters.v0_1 import generation_pb2 as v01_generation
 from openengine_adapters.v0_1 import lifecycle_pb2 as v01_lifecycle

@@ -4,7 +4,7 @@
 here, unshifted, and every message, field (number, type, label, presence, oneof), enum value and RPC
 (path, streaming) is compared with the descriptors of ``openengine_adapters.v0_1``, whose only
 difference may be the message package. Pinned facts guard the renumberings a careless re-vendor
-would lose, and every ``translate.PASSTHROUGH`` pair is proved wire-identical (the surface sends
+would lose, and every ``server_mapping.PASSTHROUGH`` pair is proved wire-identical (the surface sends
 those messages by their bytes).
 """
 
@@ -27,7 +27,7 @@ from openengine_adapters.v0_1 import (
     openengine_pb2,
     server_pb2,
 )
-from openengine_adapters.wire.v0_1.translate import PASSTHROUGH
+from openengine_adapters.wire.v0_1.server_mapping import PASSTHROUGH
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CANONICAL = ROOT / "proto" / "upstream-v0.1.0"

@@ -20,7 +20,7 @@ MARK = re.compile(r"^<!-- reference:([\w-]+) -->$", re.M)
 
 
 def _server() -> argparse.ArgumentParser:
-    from openengine_adapters.server import add_server_args
+    from openengine_adapters.server_config import add_server_args
 
     p = argparse.ArgumentParser(prog="python -m openengine_adapters.<engine>", add_help=False)
     add_server_args(p)

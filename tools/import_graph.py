@@ -32,7 +32,7 @@ FLOORS: dict[str, list[tuple[list[str], str]]] = {
         (["validation", "kv_events", "engine_kit"], "rules and what engines share"),
         (["core"], "the engine-agnostic service"),
         (["wire", "security"], "the surfaces and what guards them"),
-        (["server", "tracing"], "serving: the server and its interceptors"),
+        (["server", "server_config", "tracing"], "serving: the server, its settings and its interceptors"),
         (["launcher", "client", "cli"], "entry points"),
         (["vllm", "sglang", "trtllm", "demo_model"], "engines and the demo model they serve"),
     ],

@@ -6,7 +6,7 @@ import asyncio
 import logging
 
 from openengine_adapters.core.drain import run_drain
-from openengine_adapters.core.registry import LiveRequest
+from openengine_adapters.core.live_requests import LiveRequest
 from openengine_adapters.core.state import CoreState
 from openengine_adapters.errors import EngineFailure, invalid, not_found
 from openengine_adapters.types import EngineRole, ErrorCode, Feature

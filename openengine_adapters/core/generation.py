@@ -19,7 +19,7 @@ from typing import Any
 
 from openengine_adapters.backend import GenerateParams
 from openengine_adapters.core.coalescing import coalesced
-from openengine_adapters.core.registry import LiveRequest
+from openengine_adapters.core.live_requests import LiveRequest
 from openengine_adapters.core.state import CoreState
 from openengine_adapters.core.stream import GenerateStream
 from openengine_adapters.core.trace_headers import engine_trace_headers

@@ -24,8 +24,8 @@ from openengine_adapters.core.discovery import DiscoveryRpcs
 from openengine_adapters.core.drain import Lifecycle
 from openengine_adapters.core.generation import GenerationRpcs
 from openengine_adapters.core.health import HealthReporter
+from openengine_adapters.core.live_requests import RequestRegistry
 from openengine_adapters.core.lora import LoraRpcs
-from openengine_adapters.core.registry import RequestRegistry
 from openengine_adapters.core.state import ServiceOptions
 from openengine_adapters.core.subscriptions import SubscriptionRpcs
 from openengine_adapters.core.tasks import TaskRpcs

@@ -19,7 +19,7 @@ from openengine_adapters.core.admission import Admission
 from openengine_adapters.core.coalescing import MessageBudget
 from openengine_adapters.core.drain import Lifecycle
 from openengine_adapters.core.health import HealthReporter
-from openengine_adapters.core.registry import LiveRequest, RequestRegistry
+from openengine_adapters.core.live_requests import LiveRequest, RequestRegistry
 from openengine_adapters.core.watchdog import Watchdog
 from openengine_adapters.errors import RequestRejected, rejected
 from openengine_adapters.types import ErrorCode, Feature

@@ -48,7 +48,7 @@ from openengine_adapters.backend import (
 )
 from openengine_adapters.errors import EngineFailure, invalid
 from openengine_adapters.event_hub import EventHub
-from openengine_adapters.kv_events.decode import DecodeError, DecodeStats, decode_batch
+from openengine_adapters.kv_events.msgpack_decoding import DecodeError, DecodeStats, decode_batch
 from openengine_adapters.kv_events.sources import PublisherConfig, local_address, publisher_binds
 from openengine_adapters.types import ErrorCode, StorageMedium
 

@@ -16,15 +16,13 @@ SGLang's KV-event publisher is on by default, on a private loopback endpoint, so
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import os
-import sys
 from pathlib import Path
 
 from openengine_adapters import launcher
-from openengine_adapters.server import add_server_args, run, server_config_from_args
+from openengine_adapters.server_config import add_server_args
 
 PROG = "python -m openengine_adapters.sglang"
 DEMO_DIR = Path(os.environ.get("OPENENGINE_DEMO_MODEL_DIR",
@@ -115,46 +113,52 @@ def default_kv_events(ns: argparse.Namespace, argv: list[str]) -> bool:
     return True
 
 
-async def serve(ns: argparse.Namespace, server_args, reservation, advertise_kv_events: bool) -> None:
-    from openengine_adapters.sglang.backend import SglangOptions
-    from openengine_adapters.sglang.engine import create_engine, start_backend
+class SglangLauncher(launcher.EngineLauncher):
+    engine, display, prog, model_flag = "sglang", "SGLang", PROG, "--model-path"
+    advertise_kv_events = True
+    server_args = None
 
-    names = (server_args.served_model_name,) if server_args.served_model_name else ()
-    options = SglangOptions(served_model_names=names, max_top_n=ns.openengine_max_top_n,
-                            max_num_sequences=ns.openengine_max_num_sequences,
-                            advertise_host=ns.advertise_host,
-                            runtime_event_poll_s=ns.openengine_runtime_event_poll_s,
-                            advertise_kv_events=advertise_kv_events)
-    try:
-        engine = create_engine(server_args)  # on this loop's thread: the tokenizer manager binds to it
-    except (SystemExit, KeyboardInterrupt):
-        raise
-    except Exception as exc:
-        raise launcher.StartupFailed(f"the SGLang engine failed to start: {launcher.one_line(exc)}") from exc
-    backend = start_backend(engine, options)
-    if reservation is not None:
-        reservation.release()
-        ns.port = reservation.port  # port 0: the one reserved
-    config = server_config_from_args(ns)
-    if not ns.enable_trace:  # SGLang's --otlp-traces-endpoint has a default: --enable-trace turns both on
-        config = config.model_copy(update={"otlp_traces_endpoint": None})
-    await run(backend, config)
+    def engine_version(self) -> str | None:
+        return engine_version()
+
+    def add_adapter_args(self, parser: argparse.ArgumentParser) -> None:
+        add_adapter_args(parser)
+
+    def build_parser(self) -> argparse.ArgumentParser:
+        return build_parser()
+
+    def first(self) -> None:
+        os.environ.pop("OPENENGINE_GRPC_PORT", None)  # the plugin must not start a second server in here
+
+    def prepare(self, ns: argparse.Namespace) -> None:
+        if ns.model_path is None:
+            demo_defaults(ns, self.argv)
+        self.advertise_kv_events = not default_kv_events(ns, self.argv)
+        self.server_args = server_args_from(ns)
+
+    async def start_backend(self, ns: argparse.Namespace):
+        from openengine_adapters.sglang.backend import SglangOptions
+        from openengine_adapters.sglang.startup import create_engine, start_backend
+
+        sa = self.server_args
+        options = SglangOptions(served_model_names=(sa.served_model_name,) if sa.served_model_name else (),
+                                max_top_n=ns.openengine_max_top_n,
+                                max_num_sequences=ns.openengine_max_num_sequences,
+                                advertise_host=ns.advertise_host,
+                                runtime_event_poll_s=ns.openengine_runtime_event_poll_s,
+                                advertise_kv_events=self.advertise_kv_events)
+        engine = create_engine(sa)  # on this loop's thread: the tokenizer manager binds to it
+        return start_backend(engine, options)
+
+    def server_config(self, ns: argparse.Namespace):
+        config = super().server_config(ns)
+        if not ns.enable_trace:  # SGLang's --otlp-traces-endpoint has a default: --enable-trace turns both on
+            config = config.model_copy(update={"otlp_traces_endpoint": None})
+        return config
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    launcher.handle_version(argv, "sglang", engine_version())
-    os.environ.pop("OPENENGINE_GRPC_PORT", None)  # the plugin must not start a second server in here
-    with launcher.startup("SGLang"):
-        reservation = launcher.check_port_early(launcher.early_server_args(argv, PROG, "--model-path"))
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        ns = build_parser().parse_args(argv)
-        reservation = launcher.recheck_port(reservation, ns)
-        if ns.model_path is None:
-            demo_defaults(ns, argv)
-        private_kv_events = default_kv_events(ns, argv)
-        server_args = server_args_from(ns)
-        asyncio.run(serve(ns, server_args, reservation, advertise_kv_events=not private_kv_events))
+    SglangLauncher().main(argv)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ Acceptance: SGLang tokenizes and validates inside the first step of ``generate_r
 ``generate`` runs every sub-request up to its first output before returning: what SGLang refuses is
 refused before acceptance as INVALID_ARGUMENT, and nothing is left running when it is.
 
-SGLang streams cumulative chunks; ``translate.OutputTranslator`` turns them into deltas with
+SGLang streams cumulative chunks; ``output_mapping.SglangOutputMapper`` turns them into deltas with
 per-output offsets, slicing each chunk as it arrives (before the next await).
 """
 
@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from openengine_adapters import backend as be
 from openengine_adapters.engine_kit import card
-from openengine_adapters.engine_kit.sessions import SessionTable, check_seal, seal
+from openengine_adapters.engine_kit.sessions import SessionTable, check_seal
 from openengine_adapters.errors import (
     EngineFailure,
     engine_refused,
@@ -33,21 +31,21 @@ from openengine_adapters.errors import (
     rejected,
 )
 from openengine_adapters.kv_events.publishers import ZmqKvEvents
-from openengine_adapters.sglang import pooling, translate
+from openengine_adapters.sglang import disagg, load_mapping, output_mapping, pooling, request_mapping
 from openengine_adapters.sglang.card import SglangCard, server_arg
+from openengine_adapters.sglang.disagg import SglangDisagg
+from openengine_adapters.sglang.lifecycle import SglangLifecycle
 from openengine_adapters.sglang.load_reading import SNAPSHOT_TIMEOUT_S, LoadReads
 from openengine_adapters.sglang.lora import SglangLora
 from openengine_adapters.sglang.tasks import SglangTasks
 from openengine_adapters.types import (
     EngineRole,
     ErrorCode,
-    HealthState,
 )
 
 log = logging.getLogger(__name__)
 
 ROLES = {"null": EngineRole.AGGREGATED, "prefill": EngineRole.PREFILL, "decode": EngineRole.DECODE}
-BOOTSTRAP_PROTOCOL = "sglang-bootstrap"
 
 
 @dataclass(frozen=True)
@@ -63,10 +61,10 @@ class SglangOptions:
     advertise_kv_events: bool = True      # False: a private KV-event publisher, bridged but not advertised
 
 
-class SglangBackend(SglangCard, SglangLora, SglangTasks, be.EngineBackend):
+class SglangBackend(SglangCard, SglangLora, SglangTasks, SglangLifecycle, SglangDisagg, be.EngineBackend):
     """Serve one ``sglang.srt.entrypoints.engine.Engine`` (created by the caller)."""
 
-    request_extra = translate.REQUEST_EXTRA
+    request_extra = request_mapping.REQUEST_EXTRA
 
     def __init__(self, tokenizer_manager, server_args, scheduler_info: dict | None = None,
                  options: SglangOptions = SglangOptions(), *, version: str = "", engine=None,
@@ -107,7 +105,7 @@ class SglangBackend(SglangCard, SglangLora, SglangTasks, be.EngineBackend):
         info = dict(scheduler_info or {})
         self.max_total_tokens = info.get("max_total_num_tokens")
         self.max_running = info.get("max_running_requests") or server_arg(sa, "max_running_requests")
-        self._kv_cfg = translate.kv_events_config(server_arg(sa, "kv_events_config"))
+        self._kv_cfg = request_mapping.kv_events_config(server_arg(sa, "kv_events_config"))
         self.kv_publishers = ZmqKvEvents(self._kv_event_publishers(), options.advertise_kv_events)
         self._live: dict[str, list[str]] = {}
         self._dead_reason: str | None = None  # a child process died (the sidecar's SIGQUIT handler)
@@ -151,118 +149,13 @@ class SglangBackend(SglangCard, SglangLora, SglangTasks, be.EngineBackend):
     def models(self) -> list[be.ModelCard]:
         return [self._card]
 
-    def kv_connector(self) -> be.KvConnector | None:
-        if self.role == EngineRole.AGGREGATED:
-            return None
-        endpoints = (be.KvEndpoint(self.host, self.bootstrap_port, BOOTSTRAP_PROTOCOL),) \
-            if self.role == EngineRole.PREFILL else ()
-        return be.KvConnector(enabled=True, transfer_backend=self.transfer_backend, local_endpoints=endpoints,
-                              supported_protocols=(BOOTSTRAP_PROTOCOL,),
-                              supports_remote_prefill=self.role == EngineRole.DECODE,
-                              supports_decode_pull=self.role == EngineRole.DECODE,
-                              supports_abort_cleanup=True, supports_drain=True)
-
     @property
     def host(self) -> str:
         if self._host is None:
-            from openengine_adapters.server import resolve_advertise_host
+            from openengine_adapters.server_config import resolve_advertise_host
 
             self._host = resolve_advertise_host("0.0.0.0", None)
         return self._host
-
-    # ------------------------------------------------------------------ lifecycle
-
-    async def start(self) -> None:
-        self.tm.auto_create_handle_loop()
-        if self.owns_engine:
-            self._take_over_child_death()
-        if self._stats is not None:
-            self._stats.start()
-        await self.kv_publishers.start()
-
-    def _take_over_child_death(self) -> None:
-        """SGLang learns of a dead scheduler or detokenizer by a SIGQUIT (sent by the child's own
-        exception handler, or within 1 s of a hard crash by its ``SubprocessWatchdog``), and its handler
-        (``SignalHandler.running_phase_sigquit_handler``) kills this whole process tree at once: every
-        stream would end with a lost connection, no terminal error. The sidecar, which owns the
-        engine, takes the signal over instead: ``dead()`` names the process, the server ends every
-        stream with its retryable error and exits (docs/lifecycle.md). ``sglang serve`` with the
-        plugin keeps SGLang's own handling (the plugin follows its host server)."""
-        import signal
-        import threading
-
-        if threading.current_thread() is threading.main_thread():
-            asyncio.get_running_loop().add_signal_handler(signal.SIGQUIT, self._child_died)
-
-    def _child_died(self) -> None:
-        watchdog = getattr(self.tm, "_subprocess_watchdog", None)
-        gone = []
-        if watchdog is not None:
-            watchdog.stop()
-            for proc, name in zip(getattr(watchdog, "_processes", ()), getattr(watchdog, "_names", ()),
-                                  strict=False):
-                if not proc.is_alive() and proc.exitcode != 0:
-                    gone.append(f"{name} (pid {proc.pid}, exit code {proc.exitcode})")
-        if self._dead_reason is None:
-            self._dead_reason = ("an SGLang engine process died: " + ", ".join(gone) if gone
-                                 else "an SGLang engine process failed (it signalled SIGQUIT)")
-            log.error("%s", self._dead_reason)
-
-    def dead(self) -> str | None:
-        return self._dead_reason
-
-    async def shutdown(self) -> None:
-        if self._stats is not None:
-            await self._stats.stop()
-        await self.kv_publishers.stop()
-        if self.owns_engine and self.engine is not None:
-            await asyncio.to_thread(self.engine.shutdown)
-
-    async def check_health(self) -> list[be.HealthCheckResult]:
-        """SGLang's ``server_status``: an ``Engine`` leaves it at Starting once started (only the
-        HTTP server's warmup sets Up), so Starting counts as up when we own an Engine and as
-        STARTING under ``sglang serve``."""
-        from sglang.srt.managers.tokenizer_manager import ServerStatus
-
-        status = getattr(self.tm, "server_status", None)
-        if getattr(self.tm, "gracefully_exit", False):
-            return [be.HealthCheckResult("scheduler", HealthState.NOT_READY, "SGLang is shutting down")]
-        if status == ServerStatus.UnHealthy:
-            return [be.HealthCheckResult("scheduler", HealthState.NOT_READY, "SGLang reports itself unhealthy")]
-        if status == ServerStatus.Starting and self.engine is None:
-            return [be.HealthCheckResult("scheduler", HealthState.STARTING, "SGLang is warming up")]
-        checks = [be.HealthCheckResult("scheduler", HealthState.READY, "SGLang scheduler is up"),
-                  be.HealthCheckResult("model", HealthState.READY, self._card.names[0])]
-        if getattr(self.tm, "is_pause", False):
-            checks.append(be.HealthCheckResult("scheduler", HealthState.DEGRADED, "SGLang generation is paused"))
-        return checks
-
-    async def probe(self, model: str, role: EngineRole) -> None:
-        """A 1-token inference; PD roles use SGLang's fake bootstrap host (no peer, no transfer),
-        as SGLang's own health check does."""
-        if not self.is_generation:
-            await self._encode([{"input_ids": [1]}], f"openengine-health-probe-{time.monotonic_ns()}")
-            return
-        if role == EngineRole.AGGREGATED or self.role == EngineRole.AGGREGATED:
-            await super().probe(model, role)
-            return
-        from sglang.srt.managers.io_struct import GenerateReqInput
-
-        rid = translate.engine_rids(f"openengine-health-probe-{time.monotonic_ns()}", 1)[0]
-        obj = GenerateReqInput(rid=rid, input_ids=[1], stream=False,
-                               sampling_params={"max_new_tokens": 1, "temperature": 0.0, "ignore_eos": True},
-                               bootstrap_host=translate.FAKE_BOOTSTRAP_HOST, bootstrap_port=self.bootstrap_port,
-                               bootstrap_room=translate.new_bootstrap_room())
-        last = None
-        try:
-            async for out in self.tm.generate_request(obj, None):
-                last = out
-        finally:
-            if last is None or last["meta_info"].get("finish_reason") is None:
-                self.tm.abort_request(rid=rid)
-        reason = (last or {}).get("meta_info", {}).get("finish_reason") or {}
-        if reason.get("type") == "abort":
-            raise RuntimeError(f"probe aborted: {reason.get('message')}")
 
     # ------------------------------------------------------------------ KV events
 
@@ -307,7 +200,7 @@ class SglangBackend(SglangCard, SglangLora, SglangTasks, be.EngineBackend):
             snap = be.LoadSnapshot(attributes={"engine_load": "unavailable: SGLang's load snapshot stayed "
                                                               f"locked for {SNAPSHOT_TIMEOUT_S:g} s"})
         else:
-            snap = translate.with_in_flight(translate.load_snapshot(loads, self.page_size, per_rank), in_flight)
+            snap = load_mapping.with_in_flight(load_mapping.load_snapshot(loads, self.page_size, per_rank), in_flight)
         attrs = dict(snap.attributes)
         attrs["in_flight_requests"] = len(self._live)
         return be.LoadSnapshot(**{**snap.__dict__, "attributes": attrs, "active_kv_sessions": self.open_kv_sessions()})
@@ -321,39 +214,25 @@ class SglangBackend(SglangCard, SglangLora, SglangTasks, be.EngineBackend):
 
     async def validate_generate(self, params: be.GenerateParams) -> None:
         if self.role == EngineRole.DECODE and params.kv_session is not None:
-            kw = translate.decode_session(params.kv_session.attributes)
+            kw = disagg.decode_session(params.kv_session.attributes)
             check_seal(params.kv_session.attributes, params.prompt, params.token_ids)
-            if self.transfer_backend == "fake" and kw["bootstrap_host"] != translate.FAKE_BOOTSTRAP_HOST:
+            if self.transfer_backend == "fake" and kw["bootstrap_host"] != disagg.FAKE_BOOTSTRAP_HOST:
                 # SGLang 0.5.23's decode scheduler crashes resolving a real bootstrap address on
                 # the fake backend (FakeKVManager has no prefill_info_table)
                 raise invalid(f"kv.session.attributes_struct.bootstrap_host: the fake transfer backend takes only "
-                              f"SGLang's fake bootstrap host {translate.FAKE_BOOTSTRAP_HOST}")
-
-    def _disagg(self, params: be.GenerateParams) -> tuple[dict[str, Any] | None, be.KvSession | None]:
-        if self.role == EngineRole.PREFILL:
-            room = translate.new_bootstrap_room()
-            rank = params.data_parallel_rank or 0
-            session = be.KvSession(
-                session_id=params.request_id, transfer_backend=self.transfer_backend,
-                endpoints=(be.KvEndpoint(self.host, self.bootstrap_port, BOOTSTRAP_PROTOCOL),), dp_rank=rank,
-                attributes={**translate.encode_session(self.host, self.bootstrap_port, room, rank),
-                            **seal(params.prompt, params.token_ids)})
-            return {"bootstrap_host": self.host, "bootstrap_port": self.bootstrap_port, "bootstrap_room": room}, session
-        if self.role == EngineRole.DECODE and params.kv_session is not None:
-            return translate.decode_session(params.kv_session.attributes), None
-        return None, None
+                              f"SGLang's fake bootstrap host {disagg.FAKE_BOOTSTRAP_HOST}")
 
     async def generate(self, params: be.GenerateParams):
         from sglang.srt.managers.io_struct import GenerateReqInput
 
         n = params.sampling.num_sequences
-        rids = translate.engine_rids(params.request_id, n)
-        disagg, session = self._disagg(params)
-        used = translate.session_key(disagg) if self.role == EngineRole.DECODE and disagg else None
+        rids = request_mapping.engine_rids(params.request_id, n)
+        rendezvous, session = self._rendezvous(params)
+        used = disagg.session_key(rendezvous) if self.role == EngineRole.DECODE and rendezvous else None
         if used is not None:
             self.sessions.consume(used)  # a second decode would pull KV the prefill side released
         try:
-            objs = [GenerateReqInput(**translate.request_kwargs(params, rid, i, disagg=disagg,
+            objs = [GenerateReqInput(**request_mapping.request_kwargs(params, rid, i, disagg=rendezvous,
                                                                    low_priority_first=self.low_first))
                     for i, rid in enumerate(rids)]
         except (ValueError, TypeError) as exc:
@@ -384,7 +263,7 @@ class SglangBackend(SglangCard, SglangLora, SglangTasks, be.EngineBackend):
 
     async def _stream(self, params: be.GenerateParams, rids: list[str], gens: list, firsts: list, session):
         decode = self._decode if self.tokenizer is not None else None
-        translators = [translate.OutputTranslator(params, i, self.eos_token_id, decode) for i in range(len(rids))]
+        mappers = [output_mapping.SglangOutputMapper(params, i, self.eos_token_id, decode) for i in range(len(rids))]
         reasoning = [0] * len(rids)
         first = True
         queue: asyncio.Queue | None = None
@@ -399,25 +278,25 @@ class SglangBackend(SglangCard, SglangLora, SglangTasks, be.EngineBackend):
                 first = False
                 chunk.prompt_tokens = meta.get("prompt_tokens")
                 if params.logprobs.prompt:
-                    chunk.prompt = translate.prompt_tokens(params, meta)
+                    chunk.prompt = output_mapping.prompt_tokens(params, meta)
             if i == 0 and meta.get("cached_tokens") is not None:
                 chunk.cached_prompt_tokens = meta["cached_tokens"]
             if meta.get("reasoning_tokens") is not None:
                 reasoning[i] = meta["reasoning_tokens"]
                 chunk.reasoning_tokens = sum(reasoning)
-            delta = translators[i].delta(out)
+            delta = mappers[i].delta(out)
             if delta is not None:
                 chunk.outputs.append(delta)
 
         def ended() -> bool:
             """All outputs done; raises for an SGLang failure, returns on a plain abort (the
             service reports CANCELLED for an Abort / its error otherwise)."""
-            for t in translators:
+            for t in mappers:
                 if t.aborted is not None:
-                    failure = translate.abort_failure(t.aborted)
+                    failure = output_mapping.abort_failure(t.aborted)
                     if failure is not None:
                         raise failure
-            return all(t.done for t in translators)
+            return all(t.done for t in mappers)
 
         finished = False
         try:
@@ -425,7 +304,7 @@ class SglangBackend(SglangCard, SglangLora, SglangTasks, be.EngineBackend):
             for i, out in enumerate(firsts):
                 convert(i, out, chunk)
             finished = ended()
-            if any(t.aborted is not None for t in translators):
+            if any(t.aborted is not None for t in mappers):
                 return
             if finished and self.role == EngineRole.PREFILL:
                 chunk.prefill_ready = self._handoff(params, session, rids)
@@ -437,7 +316,7 @@ class SglangBackend(SglangCard, SglangLora, SglangTasks, be.EngineBackend):
                     chunk = be.GenerationChunk()
                     convert(0, out, chunk)
                     finished = ended()
-                    if translators[0].aborted is not None:
+                    if mappers[0].aborted is not None:
                         return
                     if finished and self.role == EngineRole.PREFILL:
                         chunk.prefill_ready = self._handoff(params, session, rids)
@@ -459,7 +338,7 @@ class SglangBackend(SglangCard, SglangLora, SglangTasks, be.EngineBackend):
                     finally:
                         queue.put_nowait(None)
 
-                pumps = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens) if not translators[i].done]
+                pumps = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens) if not mappers[i].done]
                 open_pumps = len(pumps)
                 while open_pumps:
                     items = [await queue.get()]
@@ -479,7 +358,7 @@ class SglangBackend(SglangCard, SglangLora, SglangTasks, be.EngineBackend):
                                 if getattr(item, name) is not None:
                                     setattr(chunk, name, getattr(item, name))
                     finished = ended()
-                    if any(t.aborted is not None for t in translators):
+                    if any(t.aborted is not None for t in mappers):
                         return
                     if chunk.outputs or chunk.prompt is not None:
                         yield chunk
@@ -494,7 +373,7 @@ class SglangBackend(SglangCard, SglangLora, SglangTasks, be.EngineBackend):
         finally:
             for task in pumps:
                 task.cancel()
-            running = [rid for rid, t in zip(rids, translators, strict=True) if not t.engine_done]
+            running = [rid for rid, t in zip(rids, mappers, strict=True) if not t.engine_done]
             await self._close(params.request_id, rids, gens, abort=running, pumps=pumps)
 
     async def _close(self, request_id: str, rids: list[str], gens: list, abort: Sequence[str] | None = None,
@@ -522,26 +401,7 @@ class SglangBackend(SglangCard, SglangLora, SglangTasks, be.EngineBackend):
         except Exception:  # the engine is gone: nothing left to stop
             log.debug("SGLang abort of %s failed", rid, exc_info=True)
 
-    def _handoff(self, params: be.GenerateParams, session: be.KvSession | None, rids: list[str]) -> be.KvSession:
-        if session is None:
-            raise EngineFailure(ErrorCode.INTERNAL, "prefill finished without a bootstrap session")
-        self.sessions.hand_off(session.session_id, rids)
-        return session
-
     async def abort(self, request_ids: Sequence[str]) -> None:
         for rid in request_ids:
             for engine_rid in self._live.get(rid, ()):
                 self._abort_rid(engine_rid)
-
-    async def release_kv_session(self, session: be.KvSession) -> bool:
-        """Prefill side: SGLang frees the request's KV once the decode side took it; aborting its
-        rid stops a transfer still waiting for the decode peer."""
-        held, rids = self.sessions.release(session.session_id)
-        if not held:
-            return False
-        for rid in rids:
-            self._abort_rid(rid)
-        return True
-
-    def open_kv_sessions(self) -> int | None:
-        return self.sessions.held() if self.role == EngineRole.PREFILL else None

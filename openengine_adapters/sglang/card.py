@@ -9,7 +9,7 @@ from typing import Any
 
 from openengine_adapters import backend as be
 from openengine_adapters.engine_kit import card
-from openengine_adapters.sglang import translate
+from openengine_adapters.sglang import request_mapping
 from openengine_adapters.types import (
     CandidateMode,
     EmbeddingEncoding,
@@ -46,7 +46,7 @@ class SglangCard:
                 supports_stop_in_output=True,
                 supports_cache_salt=self.radix,
                 supports_prefix_cache_bypass=False,  # SGLang has no per-request switch
-                max_stop_strings=translate.MAX_STOP_STRINGS,
+                max_stop_strings=request_mapping.MAX_STOP_STRINGS,
                 ignored_options=() if self.deterministic else (be.IgnoredOption(
                     "seed", "SGLang honours a per-request seed only with --enable-deterministic-inference, which "
                     "this engine runs without"),),

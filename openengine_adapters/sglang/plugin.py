@@ -89,9 +89,10 @@ def install(app, get_global_state) -> None:
 
 async def start_server(global_state, server_args=None):
     """An OpenEngineServer over ``sglang serve``'s tokenizer manager (not owning the engine)."""
-    from openengine_adapters.server import OpenEngineServer, check_plugin_keep_alive, plugin_server_config
+    from openengine_adapters.server import OpenEngineServer
+    from openengine_adapters.server_config import check_plugin_keep_alive, plugin_server_config
     from openengine_adapters.sglang.backend import SglangBackend, SglangOptions
-    from openengine_adapters.sglang.engine import sglang_version
+    from openengine_adapters.sglang.startup import sglang_version
 
     tm = global_state.tokenizer_manager
     server_args = server_args if server_args is not None else tm.server_args

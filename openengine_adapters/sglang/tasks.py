@@ -12,7 +12,7 @@ from typing import Any
 from openengine_adapters import backend as be
 from openengine_adapters.engine_kit.scores import label_score_result, relevance_score_result
 from openengine_adapters.errors import EngineFailure, RequestRejected, invalid
-from openengine_adapters.sglang import pooling, translate
+from openengine_adapters.sglang import output_mapping, pooling, request_mapping
 from openengine_adapters.types import (
     ErrorCode,
     Granularity,
@@ -32,7 +32,7 @@ class SglangTasks:
         prefix one another; Abort(request_id) reaches them and a cancelled call aborts them."""
         from sglang.srt.managers.io_struct import EmbeddingReqInput
 
-        rids = translate.engine_rids(request_id, len(items))
+        rids = request_mapping.engine_rids(request_id, len(items))
         done: set[str] = set()
 
         async def one(rid: str, item: dict[str, Any]) -> dict:
@@ -45,7 +45,7 @@ class SglangTasks:
             done.add(rid)
             reason = (out.get("meta_info") or {}).get("finish_reason") or {}
             if reason.get("type") == "abort":
-                raise translate.abort_failure(reason) or EngineFailure(ErrorCode.CANCELLED, "aborted")
+                raise output_mapping.abort_failure(reason) or EngineFailure(ErrorCode.CANCELLED, "aborted")
             return out
 
         self._live[request_id] = rids

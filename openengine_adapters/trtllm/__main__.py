@@ -8,14 +8,11 @@ YAML file, merged last), plus ``--role`` and the shared OpenEngine server flags.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib.util
-import logging
-import sys
 
 from openengine_adapters import launcher
-from openengine_adapters.server import add_server_args, run, server_config_from_args
-from openengine_adapters.trtllm.engine import ROLES
+from openengine_adapters.server_config import add_server_args
+from openengine_adapters.trtllm.startup import ROLES
 
 PROG = "python -m openengine_adapters.trtllm"
 OUR_GROUPS = ("OpenEngine server", "OpenEngine adapter", "OpenEngine security")
@@ -85,30 +82,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ns
 
 
-async def serve(ns: argparse.Namespace, reservation=None) -> None:
-    from openengine_adapters.trtllm.engine import start_backend
+class TrtllmLauncher(launcher.EngineLauncher):
+    engine, display, prog = "tensorrt_llm", "TensorRT-LLM", PROG
 
-    try:
-        backend = await start_backend(ns)
-    except (SystemExit, KeyboardInterrupt):
-        raise
-    except Exception as exc:
-        raise launcher.StartupFailed(f"the TensorRT-LLM engine failed to start: {launcher.one_line(exc)}") from exc
-    if reservation is not None:
-        reservation.release()
-        ns.port = reservation.port  # port 0: the one reserved
-    await run(backend, server_config_from_args(ns))
+    def engine_version(self) -> str | None:
+        return engine_version()
+
+    def early_args(self) -> argparse.Namespace:
+        self.ns = parse_args(self.argv)  # engine-free: every flag error before the port check
+        launcher.check_model_path(self.ns.model, "model")
+        return self.ns
+
+    def parse(self) -> argparse.Namespace:
+        return self.ns
+
+    async def start_backend(self, ns: argparse.Namespace):
+        from openengine_adapters.trtllm.startup import start_backend
+
+        return await start_backend(ns)
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    launcher.handle_version(argv, "tensorrt_llm", engine_version())
-    with launcher.startup("TensorRT-LLM"):
-        ns = parse_args(argv)  # engine-free: every flag error before the port check
-        launcher.check_model_path(ns.model, "model")
-        reservation = launcher.check_port_early(ns)
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        asyncio.run(serve(ns, reservation))
+    TrtllmLauncher().main(argv)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Acceptance is ``generate_async``: it returns a ``RequestOutput`` at once (TensorRT-LLM's own
 input checks raise there, and are refused before acceptance as INVALID_ARGUMENT); the stream is
 then its async iteration, converted from cumulative outputs to deltas by
-``translate.OutputTranslator``.
+``output_mapping.TrtllmOutputMapper``.
 
 TensorRT-LLM has no abort-all, no request-id lookup and no runtime LoRA API, so this backend
 keeps its own maps: request id -> ``RequestOutput`` (Abort by id / all / KV session all end in
@@ -24,13 +24,13 @@ from typing import Any
 
 from openengine_adapters import backend as be
 from openengine_adapters.engine_kit import card
-from openengine_adapters.engine_kit.guided import guide_kwargs
+from openengine_adapters.engine_kit.guided_kwargs import guide_kwargs
 from openengine_adapters.engine_kit.sessions import SessionTable, check_seal, seal
 from openengine_adapters.errors import EngineFailure, engine_refused, invalid, not_found
-from openengine_adapters.trtllm import translate
+from openengine_adapters.trtllm import disagg, output_mapping, request_mapping
 from openengine_adapters.trtllm.card import TrtllmCard, llm_arg, model_max_positions
 from openengine_adapters.trtllm.handles import abort_handle, is_request_error, iterate
-from openengine_adapters.trtllm.kv_events import KvEventTranslator
+from openengine_adapters.trtllm.kv_event_mapping import KvEventTranslator
 from openengine_adapters.trtllm.lora import LazyLoraRegistry
 from openengine_adapters.trtllm.polling import EngineQueuePolling
 from openengine_adapters.trtllm.stats import StatsCollector
@@ -244,7 +244,7 @@ class TrtllmBackend(TrtllmCard, EngineQueuePolling, LazyLoraRegistry, TrtllmTask
 
     async def validate_generate(self, params: be.GenerateParams) -> None:
         if self.role == EngineRole.DECODE and params.kv_session is not None:
-            translate.decode_disaggregated(params.kv_session, self._disagg_fields())
+            disagg.decode_disaggregated(params.kv_session, self._disagg_fields())
             check_seal(params.kv_session.attributes, params.prompt, params.token_ids)
 
     def _disagg_fields(self) -> frozenset[str]:
@@ -260,11 +260,11 @@ class TrtllmBackend(TrtllmCard, EngineQueuePolling, LazyLoraRegistry, TrtllmTask
         from tensorrt_llm.sampling_params import GuidedDecodingParams
 
         check_room(prompt_len, params.stopping.max_tokens, self._card.max_context_length)
-        kw = translate.sampling_kwargs(params)
+        kw = request_mapping.sampling_kwargs(params)
         if params.guided is not None:
             kw["guided_decoding"] = GuidedDecodingParams(**guide_kwargs(params.guided, choice_as_regex=True))
         if self.tokenizer is not None:
-            kw["detokenize"] = False  # decoded here, per output (see translate.OutputTranslator)
+            kw["detokenize"] = False  # decoded here, per output (see output_mapping.TrtllmOutputMapper)
         try:
             return SamplingParams(**kw)
         except (ValueError, TypeError) as exc:
@@ -293,7 +293,7 @@ class TrtllmBackend(TrtllmCard, EngineQueuePolling, LazyLoraRegistry, TrtllmTask
                 kw["disaggregated_params"] = DisaggregatedParams(request_type="context_only")
             elif params.kv_session is not None:  # none: a local request (TensorRT-LLM's server: no params)
                 kw["disaggregated_params"] = DisaggregatedParams(
-                    **translate.decode_disaggregated(params.kv_session, self._disagg_fields()))
+                    **disagg.decode_disaggregated(params.kv_session, self._disagg_fields()))
         return kw
 
     async def generate(self, params: be.GenerateParams):
@@ -306,7 +306,7 @@ class TrtllmBackend(TrtllmCard, EngineQueuePolling, LazyLoraRegistry, TrtllmTask
         prompt_len = self._prompt_len(params)
         sp = self._sampling_params(params, prompt_len)
         kw = self._engine_kwargs(params)
-        used = (translate.session_key(kw["disaggregated_params"])
+        used = (disagg.session_key(kw["disaggregated_params"])
                 if self.role == EngineRole.DECODE and "disaggregated_params" in kw else None)
         if used is not None:
             self.sessions.consume(used)  # a second decode would pull KV the prefill side released
@@ -320,7 +320,7 @@ class TrtllmBackend(TrtllmCard, EngineQueuePolling, LazyLoraRegistry, TrtllmTask
     async def _submit(self, params: be.GenerateParams, sp, kw: dict[str, Any], prompt_len: int):
         self._submitted = True
         try:
-            handle = self.llm.generate_async(translate.prompt_input(params), sp, streaming=True, **kw)
+            handle = self.llm.generate_async(request_mapping.prompt_input(params), sp, streaming=True, **kw)
         except (ValueError, TypeError) as exc:
             raise invalid(f"request: rejected by TensorRT-LLM: {exc}") from None
         except Exception as exc:
@@ -342,7 +342,7 @@ class TrtllmBackend(TrtllmCard, EngineQueuePolling, LazyLoraRegistry, TrtllmTask
             if is_request_error(exc):
                 raise invalid(f"request: rejected by TensorRT-LLM: {exc}") from None
             raise EngineFailure(ErrorCode.INTERNAL, f"TensorRT-LLM error: {type(exc).__name__}: {exc}") from None
-        translator = translate.OutputTranslator(params, self.eos_token_id, self._stop_holdback(params),
+        translator = output_mapping.TrtllmOutputMapper(params, self.eos_token_id, self._stop_holdback(params),
                                                 decode=self._decode if self.tokenizer is not None else None,
                                                 stop_ids=self._stop_ids(params))
         translator.max_tokens = (sp.max_tokens if sp.max_tokens is not None
@@ -357,7 +357,7 @@ class TrtllmBackend(TrtllmCard, EngineQueuePolling, LazyLoraRegistry, TrtllmTask
             if self._lora_in_use[params.lora_name] <= 0:
                 del self._lora_in_use[params.lora_name]
 
-    async def _stream(self, params: be.GenerateParams, handle, translator: translate.OutputTranslator, first):
+    async def _stream(self, params: be.GenerateParams, handle, translator: output_mapping.TrtllmOutputMapper, first):
         finished = False
         try:
             if first is not None:
@@ -388,7 +388,7 @@ class TrtllmBackend(TrtllmCard, EngineQueuePolling, LazyLoraRegistry, TrtllmTask
         if dp is None:
             raise EngineFailure(ErrorCode.KV_TRANSFER_FAILED,
                                 "TensorRT-LLM finished the context-only request without disaggregated params")
-        session_id, dp_rank, attributes = translate.encode_disaggregated(dp, params.request_id)
+        session_id, dp_rank, attributes = disagg.encode_disaggregated(dp, params.request_id)
         session = be.KvSession(session_id=session_id, transfer_backend=self.transfer_backend,
                                dp_rank=dp_rank or params.data_parallel_rank or 0,
                                attributes={**attributes, **seal(params.prompt, params.token_ids)})

@@ -14,14 +14,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 import textwrap
 from pathlib import Path
 
 from openengine_adapters import launcher
-from openengine_adapters.server import add_server_args, run, server_config_from_args
+from openengine_adapters.server_config import add_server_args
 from openengine_adapters.types import ROLE_BY_NAME
-from openengine_adapters.vllm.engine import prepare_environment
+from openengine_adapters.vllm.startup import prepare_environment
 
 PROG = "python -m openengine_adapters.vllm"
 DEMO_DIR = Path(os.environ.get("OPENENGINE_DEMO_MODEL_DIR",
@@ -166,28 +165,6 @@ def preflight(ns: argparse.Namespace) -> None:
             "(on CPU it is the share of memory reserved), or a fixed KV cache size with --kv-cache-memory-bytes")
 
 
-async def serve(ns: argparse.Namespace, reservation, advertise_kv_events: bool, argv: list[str]) -> None:
-    from openengine_adapters.vllm.engine import start_backend
-
-    def chosen() -> list[str | None]:  # the KV-event endpoints this launcher chose (not the user's)
-        cfg = ns.kv_events_config
-        return [] if advertise_kv_events or cfg is None else [cfg.endpoint, cfg.replay_endpoint]
-
-    try:
-        backend = await launcher.start_retrying_port_races(
-            lambda: start_backend(ns, ROLE_BY_NAME[ns.role] if ns.role else None,
-                                  advertise_kv_events=advertise_kv_events),
-            chosen, lambda: default_kv_events(ns, argv), ranks=max(1, ns.data_parallel_size or 1))
-    except (SystemExit, KeyboardInterrupt):
-        raise
-    except Exception as exc:
-        raise launcher.StartupFailed(startup_failure(exc)) from exc
-    if reservation is not None:
-        reservation.release()
-        ns.port = reservation.port  # port 0: the one reserved
-    await run(backend, server_config_from_args(ns))
-
-
 def startup_failure(exc: Exception) -> str:
     """The line a failed engine start ends with."""
     text = str(exc)
@@ -207,26 +184,56 @@ def log_level_from_the_start(argv: list[str]) -> None:
             os.environ["VLLM_LOGGING_LEVEL"] = value.upper()
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    launcher.handle_version(argv, "vllm", engine_version())
-    with launcher.startup("vLLM"):
-        early = launcher.early_server_args(argv, PROG, "--model", add_adapter_args)
-        log_level_from_the_start(argv)
-        reservation = launcher.check_port_early(early)
-        ns = build_parser().parse_args(argv)
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        reservation = launcher.recheck_port(reservation, ns)
+class VllmLauncher(launcher.EngineLauncher):
+    engine, display, prog, model_flag = "vllm", "vLLM", PROG, "--model"
+    advertise_kv_events = True
+
+    def engine_version(self) -> str | None:
+        return engine_version()
+
+    def add_adapter_args(self, parser: argparse.ArgumentParser) -> None:
+        add_adapter_args(parser)
+
+    def build_parser(self) -> argparse.ArgumentParser:
+        return build_parser()
+
+    def first(self) -> None:
+        log_level_from_the_start(self.argv)
+
+    def prepare(self, ns: argparse.Namespace) -> None:
         if ns.model is None:
-            demo_defaults(ns, argv)
-        private_kv_events = default_kv_events(ns, argv)
+            demo_defaults(ns, self.argv)
+        self.advertise_kv_events = not default_kv_events(ns, self.argv)
         preflight(ns)
+
+    async def start_backend(self, ns: argparse.Namespace):
+        from openengine_adapters.vllm.startup import start_backend
+
+        def chosen() -> list[str | None]:  # the KV-event endpoints this launcher chose (not the user's)
+            cfg = ns.kv_events_config
+            return [] if self.advertise_kv_events or cfg is None else [cfg.endpoint, cfg.replay_endpoint]
+
+        return await launcher.start_retrying_port_races(
+            lambda: start_backend(ns, ROLE_BY_NAME[ns.role] if ns.role else None,
+                                  advertise_kv_events=self.advertise_kv_events),
+            chosen, lambda: default_kv_events(ns, self.argv), ranks=max(1, ns.data_parallel_size or 1))
+
+    def startup_failure(self, exc: Exception) -> str:
+        return startup_failure(exc)
+
+    def run_loop(self, coro) -> None:
         import uvloop  # a vLLM dependency; the loop vLLM's own servers run on
 
-        uvloop.run(serve(ns, reservation, advertise_kv_events=not private_kv_events, argv=argv))
-    from openengine_adapters import engine_processes
+        uvloop.run(coro)
 
-    engine_processes.end_without_teardown(0)  # served and stopped: no Triton nanobind report at teardown
+    def after_serving(self) -> None:
+        from openengine_adapters import engine_processes
+
+        engine_processes.end_without_teardown(0)  # served and stopped: no Triton nanobind report at teardown
+
+
+def main(argv: list[str] | None = None) -> None:
+    VllmLauncher().main(argv)
 
 
 if __name__ == "__main__":

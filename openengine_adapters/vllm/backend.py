@@ -16,7 +16,7 @@ from functools import cached_property
 
 from openengine_adapters import backend as be
 from openengine_adapters.engine_kit import card
-from openengine_adapters.engine_kit.guided import guide_kwargs
+from openengine_adapters.engine_kit.guided_kwargs import guide_kwargs
 from openengine_adapters.engine_kit.sessions import SessionTable
 from openengine_adapters.errors import EngineFailure, RequestRejected, engine_refused, invalid, not_found
 from openengine_adapters.kv_events.publishers import ZmqKvEvents
@@ -25,7 +25,7 @@ from openengine_adapters.types import (
     ErrorCode,
     HealthState,
 )
-from openengine_adapters.vllm import disagg, translate
+from openengine_adapters.vllm import disagg, output_mapping, request_mapping
 from openengine_adapters.vllm.card import VllmCard
 from openengine_adapters.vllm.errors import client_error, engine_failure
 from openengine_adapters.vllm.media import load_images, media_connector
@@ -64,7 +64,7 @@ def decode_leg_options_dropped(params: be.GenerateParams) -> be.GenerateParams:
 class VllmBackend(VllmCard, VllmTasks, be.EngineBackend):
     """Serve one ``AsyncLLM``. Build it with ``await VllmBackend.create(engine, ...)``."""
 
-    request_extra = translate.REQUEST_EXTRA
+    request_extra = request_mapping.REQUEST_EXTRA
 
     def __init__(self, engine, supported_tasks: Sequence[str], *, role: EngineRole,
                  served_model_names: Sequence[str] = (), stats: StatsCollector | None = None,
@@ -228,7 +228,7 @@ class VllmBackend(VllmCard, VllmTasks, be.EngineBackend):
 
         if self.role == EngineRole.PREFILL:  # max_tokens is 1 (validation): the decode side recomputes it
             kv_transfer_params = self.connector.prefill_transfer_params()
-        kw = translate.sampling_kwargs(params)
+        kw = request_mapping.sampling_kwargs(params)
         if kv_transfer_params is not None:
             kw["extra_args"] = {**kw.get("extra_args", {}), "kv_transfer_params": kv_transfer_params}
         if params.guided is not None:
@@ -262,7 +262,7 @@ class VllmBackend(VllmCard, VllmTasks, be.EngineBackend):
             handoff = self.connector.decode_handoff(params.kv_session)
         sp = self._sampling_params(params, handoff.kv_transfer_params if handoff else None)
         images = await load_images(params.media, self._media_connector) if params.media else None
-        prompt = translate.prompt_input(params, {"image": images} if images else None)
+        prompt = request_mapping.prompt_input(params, {"image": images} if images else None)
         if handoff is not None:
             prompt = await self._render_decode_prompt(prompt, handoff)
             if handoff.key is not None:
@@ -294,7 +294,7 @@ class VllmBackend(VllmCard, VllmTasks, be.EngineBackend):
             return await self.engine.add_request(
                 params.request_id, prompt, sp,
                 lora_request=self._lora(params.lora_name),
-                priority=translate.engine_priority(params.priority),
+                priority=request_mapping.engine_priority(params.priority),
                 data_parallel_rank=params.data_parallel_rank,
                 trace_headers=params.trace_headers or None,
             )
@@ -316,7 +316,7 @@ class VllmBackend(VllmCard, VllmTasks, be.EngineBackend):
             async for chunk in self._prefill_stream(params, collector):
                 yield chunk
             return
-        translator = translate.OutputTranslator(params, self.eos_token_id)
+        translator = output_mapping.VllmOutputMapper(params, self.eos_token_id)
         if handoff is not None:
             translator.error_code = ErrorCode.KV_TRANSFER_FAILED
             self.sessions.decoding += 1
@@ -343,7 +343,7 @@ class VllmBackend(VllmCard, VllmTasks, be.EngineBackend):
     async def _prefill_stream(self, params: be.GenerateParams, collector):
         """A prefill ends with one chunk carrying the KV session (its sampled token is dropped;
         prompt tokens and logprobs still go out when asked for)."""
-        translator = translate.OutputTranslator(params, self.eos_token_id)
+        translator = output_mapping.VllmOutputMapper(params, self.eos_token_id)
         finished = False
         prompt_ids = None
         try:

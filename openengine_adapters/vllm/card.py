@@ -17,7 +17,7 @@ from openengine_adapters.types import (
     TaskInputType,
     ValueSemantics,
 )
-from openengine_adapters.vllm import translate
+from openengine_adapters.vllm import request_mapping
 
 
 class VllmCard:
@@ -34,7 +34,7 @@ class VllmCard:
         if self.max_logprobs == -1:
             modes.append(CandidateMode.ALL)
         return be.LogprobSupport(True, tuple(modes), self.max_logprobs if self.max_logprobs > 0 else None,
-                                 translate.MAX_LOGPROB_TOKEN_IDS if explicit_ids else None)
+                                 request_mapping.MAX_LOGPROB_TOKEN_IDS if explicit_ids else None)
 
     def _build_card(self) -> be.ModelCard:
         mc, sc, cc = self.model_config, self.config.scheduler_config, self.config.cache_config
@@ -111,7 +111,7 @@ class VllmCard:
             )
         elif "generate" in tasks:
             score = card.label_score_support(priority=priority, lora=lora,
-                                             max_label_token_ids=translate.MAX_LOGPROB_TOKEN_IDS)
+                                             max_label_token_ids=request_mapping.MAX_LOGPROB_TOKEN_IDS)
         if embed is classify is score is None:
             return None
         return be.TaskSupport(embed=embed, classify=classify, score=score)

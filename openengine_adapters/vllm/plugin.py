@@ -94,7 +94,8 @@ class OpenEnginePlugin:
         import vllm
         from vllm import envs
 
-        from openengine_adapters.server import OpenEngineServer, check_plugin_keep_alive, plugin_server_config
+        from openengine_adapters.server import OpenEngineServer
+        from openengine_adapters.server_config import check_plugin_keep_alive, plugin_server_config
         from openengine_adapters.vllm.backend import VllmBackend
         from openengine_adapters.vllm.disagg import default_role
 

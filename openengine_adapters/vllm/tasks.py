@@ -18,7 +18,7 @@ from openengine_adapters.types import (
     ScoreNormalization,
     ValueSemantics,
 )
-from openengine_adapters.vllm import translate
+from openengine_adapters.vllm import request_mapping
 from openengine_adapters.vllm.errors import client_error, engine_failure
 
 
@@ -36,7 +36,7 @@ class VllmTasks:
         from vllm.pooling_params import PoolingParams
 
         lora = self._lora(ctx.lora_name) if ctx is not None else None
-        priority = translate.engine_priority(ctx.priority if ctx is not None else None)
+        priority = request_mapping.engine_priority(ctx.priority if ctx is not None else None)
         jobs = []
         for engine_id, item in zip(self._sub_ids(request_id, len(items)), items, strict=True):
             prompt = dict(item) if isinstance(item, dict) else self._task_prompt(item)
@@ -154,7 +154,7 @@ class VllmTasks:
             return tokenizer.encode(item.text, add_special_tokens=False)
 
         lora = self._lora(p.context.lora_name)
-        priority = translate.engine_priority(p.context.priority)
+        priority = request_mapping.engine_priority(p.context.priority)
 
         async def one(rid: str, prompt_ids: list[int]) -> tuple[list[float], int]:
             sp = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=labels,

@@ -42,9 +42,9 @@ def rejection_trailer(r: RequestRejected) -> tuple[tuple[str, str | bytes], ...]
 def trailer(method: str, r: RequestRejected) -> tuple[tuple[str, str | bytes], ...]:
     """The refusal's trailing metadata for a call of ``method`` (a full ``/service/Method`` name)."""
     if method.startswith(V0_1_PREFIXES):
-        from openengine_adapters.wire.v0_1 import translate  # v0.1.0's EngineError numbering
+        from openengine_adapters.wire.v0_1 import server_mapping  # v0.1.0's EngineError numbering
 
-        return tuple((k, translate.error_trailer(v) if k == ERROR_TRAILER else v) for k, v in rejection_trailer(r))
+        return tuple((k, server_mapping.error_trailer(v) if k == ERROR_TRAILER else v) for k, v in rejection_trailer(r))
     if method.startswith(REVISION1_PREFIX):
         return rejection_trailer(r)
     return ()

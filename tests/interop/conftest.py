@@ -228,7 +228,7 @@ def start_target(name: str, tmp_path_factory) -> Target:
         else:
             # DECODE where it runs on CPU: SGLang's `fake` transfer backend (its PREFILL refuses `fake`,
             # and mooncake/nixl need RDMA or a GPU), so no PREFILL server: the decode leg replays a
-            # handoff relayed as Dynamo relays it (tests/sglang/test_disaggregation.py runs the same)
+            # handoff relayed as Dynamo relays it (tests/sglang/test_disagg.py runs the same)
             decode = [*argv, "--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "fake",
                       "--disaggregation-decode-retraction-backup", "cpu_tensor", "--advertise-host", "127.0.0.1"]
             s = _launch_all([("decode", decode, env)])

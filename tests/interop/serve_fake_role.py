@@ -14,7 +14,8 @@ sys.path.insert(0, str(Path(openengine_adapters.__file__).resolve().parents[1] /
 
 from fake_backend import FakeBackend  # noqa: E402
 
-from openengine_adapters.server import add_server_args, run, server_config_from_args  # noqa: E402
+from openengine_adapters.server import run
+from openengine_adapters.server_config import add_server_args, server_config_from_args
 from openengine_adapters.types import EngineRole  # noqa: E402
 
 if __name__ == "__main__":

@@ -151,7 +151,7 @@ def test_dynamo_refuses_upstreams_int64_bytes_and_reads_their_decimal():
     kv.rs ``block_hash`` @0cc34d99 refuses; ``decimal_int64`` carries the same value (negative int64s
     included) as the decimal it reads, and leaves an engine's other encodings alone."""
     from openengine_adapters.v1 import kv_pb2 as rev1_kv_pb2
-    from openengine_adapters.wire.v0_1 import translate
+    from openengine_adapters.wire.v0_1 import server_mapping
 
     def response(encoding: str = "int64"):
         out = rev1_kv_pb2.SubscribeKvEventsResponse()
@@ -167,9 +167,9 @@ def test_dynamo_refuses_upstreams_int64_bytes_and_reads_their_decimal():
         return [*stored.block_hashes, stored.parent_block_hash, *removed.block_hashes]
 
     with pytest.raises(ClientRefused, match="not canonical decimal_int64"):
-        block_hash(hashes(translate.kv_events_batch(response()))[0])
-    decimal = translate.kv_events_batch(response(), "decimal_int64")
+        block_hash(hashes(server_mapping.kv_events_batch(response()))[0])
+    decimal = server_mapping.kv_events_batch(response(), "decimal_int64")
     assert [block_hash(h) for h in hashes(decimal)] == [5, 2**63 + 5, 7, 5]
     assert hashes(decimal)[1].value == b"-9223372036854775803"
-    other = translate.kv_events_batch(response("bytes"), "decimal_int64")
+    other = server_mapping.kv_events_batch(response("bytes"), "decimal_int64")
     assert [h.encoding for h in hashes(other)] == ["bytes"] * 4

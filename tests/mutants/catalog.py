@@ -589,7 +589,7 @@ def _():
 
 @mutant("lifecycle.duplicate_id_accepted", "a live request id cannot be reused (ALREADY_EXISTS)")
 def _():
-    from openengine_adapters.core import registry
+    from openengine_adapters.core import live_requests as registry
 
     original = registry.RequestRegistry.register
 
@@ -602,7 +602,7 @@ def _():
 
 @mutant("lifecycle.abort_unknown_answers_ok", "Abort of an unknown request id returns NOT_FOUND")
 def _():
-    from openengine_adapters.core import registry
+    from openengine_adapters.core import live_requests as registry
 
     registry.RequestRegistry.is_finished = lambda self, request_id: True
 
@@ -646,7 +646,7 @@ def _():
 
 @mutant("lifecycle.second_abort_not_finished", "aborting a finished request again is ALREADY_FINISHED")
 def _():
-    from openengine_adapters.core import registry
+    from openengine_adapters.core import live_requests as registry
 
     original = registry.RequestRegistry.complete
 
@@ -1136,9 +1136,9 @@ def _():
 # ============================================================================= v0.1.0 wire
 
 def _v01():
-    from openengine_adapters.wire.v0_1 import metadata, servicers, translate
+    from openengine_adapters.wire.v0_1 import metadata, server_mapping, servicers
 
-    return metadata, servicers, translate
+    return metadata, servicers, server_mapping
 
 
 @mutant("v0_1.malformed_priority_accepted", "malformed numeric metadata values return INVALID_ARGUMENT")
@@ -1180,61 +1180,61 @@ def _():
 @mutant("v0_1.priority_metadata_dropped", "openengine-priority: higher values have higher priority (the key is "
         "dropped at the boundary)", needs="--serial-request-metadata")
 def _():
-    _, servicers, translate = _v01()
-    original = translate.generate_request
+    _, servicers, server_mapping = _v01()
+    original = server_mapping.generate_request
 
     def generate_request(req, *, priority, target_dp_rank, application):
         return original(req, priority=None, target_dp_rank=target_dp_rank, application=application)
-    translate.generate_request = generate_request
+    server_mapping.generate_request = generate_request
 
 
 @mutant("v0_1.kv_options_not_renumbered", "v0.1.0 KvOptions: 2 = bypass_prefix_cache, 3 = cache_salt "
         "(taken by revision 1's numbers)")
 def _():
-    _, _, translate = _v01()
+    _, _, server_mapping = _v01()
 
     def copy_kv_options(src, dst):  # by bytes: v0.1.0's 2 and 3 land on revision 1's 2 and 3
         dst.SetInParent()
         dst.MergeFromString(src.SerializeToString())
-    translate._copy_kv_options = copy_kv_options
+    server_mapping.copy_kv_options = copy_kv_options
 
 
 @mutant("v0_1.internal_code_not_renumbered", "v0.1.0 ErrorCode: INTERNAL = 11 (revision 1's 12 is no v0.1.0 value)",
         smoke="v0_1.error_event", needs="--fail-request-metadata")
 def _():
-    _, _, translate = _v01()
-    translate.ERROR_CODE[12] = 12
+    _, _, server_mapping = _v01()
+    server_mapping.ERROR_CODE[12] = 12
 
 
 @mutant("v0_1.error_trailer_revision1_bytes", "the v0.1.0 trailer is v0.1.0's EngineError (no revision-1-only "
         "fields such as retry_after_ms)")
 def _():
-    _, _, translate = _v01()
-    translate.error_trailer = lambda value: value
+    _, _, server_mapping = _v01()
+    server_mapping.error_trailer = lambda value: value
 
 
 @mutant("v0_1.model_info_without_generation", "ModelInfo.generation advertises what the model supports")
 def _():
-    _, _, translate = _v01()
-    original = translate.model_info
+    _, _, server_mapping = _v01()
+    original = server_mapping.model_info
 
     def model_info(info, extra):
         out = original(info, extra)
         out.ClearField("generation")
         return out
-    translate.model_info = model_info
+    server_mapping.model_info = model_info
 
 
 @mutant("v0_1.server_info_role_unspecified", "ServerInfo.engine_role reports the engine's role")
 def _():
-    _, _, translate = _v01()
-    original = translate.server_info
+    _, _, server_mapping = _v01()
+    original = server_mapping.server_info
 
     def server_info(*args, **kwargs):
         out = original(*args, **kwargs)
         out.engine_role = 0
         return out
-    translate.server_info = server_info
+    server_mapping.server_info = server_info
 
 
 @mutant("v0_1.bad_traceparent_refused", "a malformed traceparent is ignored (W3C), never an error")
@@ -1281,12 +1281,12 @@ def _():
 @mutant("v0_1.application_metadata_dropped", "application-specific metadata keys reach the engine as request "
         "metadata", needs="--fail-request-metadata")
 def _():
-    _, _, translate = _v01()
-    original = translate.generate_request
+    _, _, server_mapping = _v01()
+    original = server_mapping.generate_request
 
     def generate_request(req, *, priority, target_dp_rank, application):
         return original(req, priority=priority, target_dp_rank=target_dp_rank, application={})
-    translate.generate_request = generate_request
+    server_mapping.generate_request = generate_request
 
 
 # ============================================================================= issue 24: the suite's blind spots
@@ -1362,24 +1362,24 @@ def _():
 @mutant("v0_1.health_states_revision1_numbers", "v0.1.0 HealthState: NOT_READY = 4 (here revision 1's numbers "
         "pass through: a role mismatch answers 5, no v0.1.0 value)")
 def _():
-    _, _, translate = _v01()
+    _, _, server_mapping = _v01()
     from openengine_adapters.types import HealthState
 
-    translate.HEALTH_STATE = {int(s): int(s) for s in HealthState}
+    server_mapping.HEALTH_STATE = {int(s): int(s) for s in HealthState}
 
 
 @mutant("v0_1.health_check_states_untranslated", "v0.1.0 HealthState numbering holds for each HealthCheck too "
         "(here only the overall state is renumbered)", smoke="v0_1.health_states")
 def _():
-    _, _, translate = _v01()
+    _, _, server_mapping = _v01()
     from openengine_adapters.v0_1 import lifecycle_pb2
 
     def health_response(resp):
-        out = lifecycle_pb2.HealthResponse(state=translate.HEALTH_STATE.get(resp.state, 0))
+        out = lifecycle_pb2.HealthResponse(state=server_mapping.HEALTH_STATE.get(resp.state, 0))
         for c in resp.checks:
             out.checks.add(name=c.name, state=c.state, message=c.message)
         return out
-    translate.health_response = health_response
+    server_mapping.health_response = health_response
 
 
 @mutant("lifecycle.health_expected_role_ignored", "HealthRequest.role is the expected role of a role-specific "
@@ -1397,8 +1397,8 @@ def _():
 @mutant("v0_1.capacity_total_kv_blocks_in_tokens", "ServerInfo.capacity.total_kv_blocks is the allocatable "
         "block count LoadInfo.total_kv_blocks also reports (here: tokens, blocks x kv_block_size)")
 def _():
-    _, _, translate = _v01()
-    original = translate.server_info
+    _, _, server_mapping = _v01()
+    original = server_mapping.server_info
 
     def server_info(*args, **kwargs):
         out = original(*args, **kwargs)
@@ -1406,7 +1406,7 @@ def _():
         if cap.HasField("total_kv_blocks") and cap.HasField("kv_block_size"):
             cap.total_kv_blocks *= cap.kv_block_size
         return out
-    translate.server_info = server_info
+    server_mapping.server_info = server_info
 
 
 @mutant("model_info.total_kv_blocks_in_tokens", "revision 1 ModelInfo.total_kv_blocks counts the blocks "
@@ -1431,25 +1431,25 @@ def _():
                   "so a LoadInfo.total_kv_blocks does not oblige ServerInfo.capacity to report it; the suite "
                   "compares the two only when both are present (lifecycle.load_matches_capacity)")
 def _():
-    _, _, translate = _v01()
-    original = translate.server_info
+    _, _, server_mapping = _v01()
+    original = server_mapping.server_info
 
     def server_info(info, identity, default_card, release, extra):
         return original(info, identity, None, release, extra)
-    translate.server_info = server_info
+    server_mapping.server_info = server_info
 
 
 @mutant("v0_1.model_info_repeats_capacity", "v0.1.0: KV layout and scheduler capacity are reported once through "
         "ServerInfo.capacity, not repeated as model identity (here ModelInfo keeps revision 1's fields 6-9)")
 def _():
-    _, _, translate = _v01()
+    _, _, server_mapping = _v01()
     from openengine_adapters.v0_1 import model_pb2
 
     def model_info(info, extra):
-        out = translate.recast(info, model_pb2.ModelInfo, ("tasks",))
-        translate._struct(out.extra, extra)
+        out = server_mapping.recast(info, model_pb2.ModelInfo, ("tasks",))
+        server_mapping._struct(out.extra, extra)
         return out
-    translate.model_info = model_info
+    server_mapping.model_info = model_info
 
 
 @mutant("v0_1.control_rpcs_check_admission_keys", "routing and admission keys apply only to Inference RPCs "

@@ -14,7 +14,8 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import catalog  # noqa: E402
 
-from openengine_adapters.server import add_server_args, run, server_config_from_args  # noqa: E402
+from openengine_adapters.server import run  # noqa: E402
+from openengine_adapters.server_config import add_server_args, server_config_from_args  # noqa: E402
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()

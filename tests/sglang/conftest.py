@@ -60,7 +60,7 @@ class Served(Harness):
 @contextlib.asynccontextmanager
 async def serve_sglang(kwargs, options=None, **config):
     from openengine_adapters.sglang.backend import SglangOptions
-    from openengine_adapters.sglang.engine import create_engine, start_backend
+    from openengine_adapters.sglang.startup import create_engine, start_backend
 
     engine = create_engine(**kwargs)
     backend = start_backend(engine, options or SglangOptions(served_model_names=("tiny",),

@@ -21,7 +21,7 @@ from stream_contract import check_generate_stream
 
 from openengine_adapters.engine_kit.sessions import prompt_digest
 from openengine_adapters.sglang.backend import SglangBackend, SglangOptions
-from openengine_adapters.sglang.translate import FAKE_BOOTSTRAP_HOST, decode_session
+from openengine_adapters.sglang.disagg import FAKE_BOOTSTRAP_HOST, decode_session
 from openengine_adapters.v1 import generation_pb2 as g
 from openengine_adapters.v1 import input_pb2, kv_pb2, lifecycle_pb2
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from openengine_adapters.trtllm.__main__ import build_parser, parse_args
-from openengine_adapters.trtllm.engine import build_llm, deep_merge, llm_kwargs
+from openengine_adapters.trtllm.startup import build_llm, deep_merge, llm_kwargs
 from openengine_adapters.types import Feature
 
 MANIFEST = json.loads((Path(__file__).resolve().parents[2] / "adapters" / "trtllm" / "manifest.json").read_text())
@@ -73,7 +73,7 @@ def test_package_imports_without_tensorrt_llm():
     import sys
 
     code = ("import sys; sys.modules['tensorrt_llm'] = None; import openengine_adapters.trtllm.backend, "
-            "openengine_adapters.trtllm.__main__, openengine_adapters.trtllm.engine")
+            "openengine_adapters.trtllm.__main__, openengine_adapters.trtllm.startup")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
 
 

@@ -482,7 +482,7 @@ async def test_prefill_sidecar_disables_the_overlap_scheduler_and_refuses_an_eng
     backend over an engine that still has it on refuses to start instead of failing every request."""
     from openengine_adapters.trtllm.__main__ import parse_args
     from openengine_adapters.trtllm.backend import TrtllmBackend, TrtllmOptions
-    from openengine_adapters.trtllm.engine import llm_kwargs
+    from openengine_adapters.trtllm.startup import llm_kwargs
     from openengine_adapters.types import EngineRole
 
     assert llm_kwargs(parse_args(["m", "--role", "prefill"]))["disable_overlap_scheduler"] is True

@@ -78,7 +78,7 @@ class Served(Harness):
 
 @contextlib.asynccontextmanager
 async def serve_vllm(args, **config):
-    from openengine_adapters.vllm.engine import start_backend
+    from openengine_adapters.vllm.startup import start_backend
 
     backend = await start_backend(args)
     async with serve_backend(backend, config, Served, grace_s=1.0) as served:

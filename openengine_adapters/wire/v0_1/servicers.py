@@ -7,7 +7,7 @@ reaches the client with v0.1.0's EngineError in the ``openengine-error-bin`` tra
 
 The handlers are registered by hand (``register``) rather than through the generated
 ``add_*Servicer_to_server``: wire-identical messages cross as their revision-1 twins
-(``translate.PASSTHROUGH``), responses are serialized by whatever message they are, and bytes that
+(``server_mapping.PASSTHROUGH``), responses are serialized by whatever message they are, and bytes that
 do not decode are refused INVALID_ARGUMENT with the trailer (``wire.decode``).
 """
 
@@ -34,7 +34,7 @@ from openengine_adapters.v0_1 import (
 from openengine_adapters.validation.extra import describe, request_struct
 from openengine_adapters.validation.generate import check_dp_rank
 from openengine_adapters.wire.decode import method_handler
-from openengine_adapters.wire.v0_1 import metadata, translate
+from openengine_adapters.wire.v0_1 import metadata, server_mapping
 
 INFERENCE = openengine_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
 CONTROL = openengine_pb2.DESCRIPTOR.services_by_name["Control"].full_name
@@ -51,7 +51,7 @@ class InferenceServicer:
     def __init__(self, core: EngineService) -> None:
         self.core = core
 
-    def _translate(self, request: generation_pb2.GenerateRequest, context):
+    def _to_core(self, request: generation_pb2.GenerateRequest, context):
         meta = metadata.parse_inference(context.invocation_metadata())
         core = self.core
         # a priority the model does not schedule by is served in default order (validation.leniency)
@@ -63,21 +63,21 @@ class InferenceServicer:
             if session is not None and session.dp_rank != meta.target_dp_rank:
                 raise invalid(f"{metadata.TARGET_DP_RANK}: {meta.target_dp_rank} disagrees with "
                               f"kv.session.dp_rank {session.dp_rank} (the session's rank is authoritative)")
-        core_request = translate.generate_request(request, priority=meta.priority, target_dp_rank=meta.target_dp_rank,
-                                                  application=meta.application)
+        core_request = server_mapping.generate_request(request, priority=meta.priority,
+                                                       target_dp_rank=meta.target_dp_rank, application=meta.application)
         extra = request_struct(request.extra, "extra") if request.HasField("extra") else None
         return core_request, extra, meta.trace_headers
 
     async def Generate(self, request: generation_pb2.GenerateRequest, context):
-        core_request, extra, trace = self._translate(request, context)
+        core_request, extra, trace = self._to_core(request, context)
         async for response in self.core.Generate(core_request, context, extra, trace, lenient=True):
-            # every event but an error is already v0.1.0's bytes (translate's docstring)
-            yield translate.generate_error(response) if response.HasField("error") else response
+            # every event but an error is already v0.1.0's bytes (server_mapping's docstring)
+            yield server_mapping.generate_error(response) if response.HasField("error") else response
 
 
 class ControlServicer:
     def __init__(self, core: EngineService, served_services: tuple[str, ...],
-                 kv_block_hash_encoding: str = translate.INT64) -> None:
+                 kv_block_hash_encoding: str = server_mapping.INT64) -> None:
         self.core = core
         self.served_services = served_services
         self.kv_block_hash_encoding = kv_block_hash_encoding  # --kv-block-hash-encoding
@@ -96,7 +96,7 @@ class ControlServicer:
         core = self.core
         info = await core.GetEngineInfo(None, context)
         cards = core.catalog.cards
-        return translate.server_info(info, core.identity, cards[0] if cards else None,
+        return server_mapping.server_info(info, core.identity, cards[0] if cards else None,
                                      schema.V0_1_SCHEMA_RELEASE, self.server_extra())
 
     async def GetModelInfo(self, request, context):
@@ -114,13 +114,13 @@ class ControlServicer:
                      if getattr(card.tasks, name) is not None and getattr(card.tasks, name).supported]
             if tasks and "openengine.v1.OpenEngine" in self.served_services:
                 extra["revision1_tasks"] = tasks  # Embed/Classify/Score are served on revision 1
-        return translate.model_info(model_messages.model_info(card, core.identity.role, lenient=True), extra)
+        return server_mapping.model_info(model_messages.model_info(card, core.identity.role, lenient=True), extra)
 
     async def GetLoad(self, request, context):
-        return translate.load_info(await self.core.load_snapshot(request.include_per_rank), self.core.instance_id)
+        return server_mapping.load_info(await self.core.load_snapshot(request.include_per_rank), self.core.instance_id)
 
     async def Health(self, request, context):
-        return translate.health_response(await self.core.Health(request, context))
+        return server_mapping.health_response(await self.core.Health(request, context))
 
     async def Abort(self, request, context):
         return await self.core.Abort(request, context)
@@ -139,8 +139,8 @@ class ControlServicer:
 
     async def SubscribeKvEvents(self, request, context):
         async for response in self.core.SubscribeKvEvents(request, context):
-            yield translate.kv_events_error(response.error) if response.HasField("error") else \
-                translate.kv_events_batch(response, self.kv_block_hash_encoding)
+            yield server_mapping.kv_events_error(response.error) if response.HasField("error") else \
+                server_mapping.kv_events_batch(response, self.kv_block_hash_encoding)
 
 
 def _handler(service: str, name: str, method, request_type, response_streaming: bool = False):
@@ -148,11 +148,11 @@ def _handler(service: str, name: str, method, request_type, response_streaming: 
 
 
 def _twin(v0_1_type):
-    return translate.PASSTHROUGH[v0_1_type]
+    return server_mapping.PASSTHROUGH[v0_1_type]
 
 
 def register(core: EngineService, server: grpc.aio.Server, served_services: tuple[str, ...],
-             kv_block_hash_encoding: str = translate.INT64) -> tuple[str, ...]:
+             kv_block_hash_encoding: str = server_mapping.INT64) -> tuple[str, ...]:
     """Serve ``openengine.v1.Inference`` and ``openengine.v1.Control`` from ``core``."""
     inference, control = InferenceServicer(core), ControlServicer(core, served_services, kv_block_hash_encoding)
     handlers = {

@@ -1,7 +1,7 @@
 """The v0.1.0 wire through revision-1 messages: a client-side stub with ``OpenEngineStub``'s methods.
 
 It lets one revision-1-typed caller (the typed client, the conformance suite) drive a v0.1.0 server
-(``Inference`` + ``Control``), translating each call as ``translate`` says, in the client's
+(``Inference`` + ``Control``), translating each call as ``client_mapping`` says, in the client's
 direction. RPCs that v0.1.0 does not have raise ``NotOnSurface`` without touching the network.
 Rejections keep their status; their ``openengine-error-bin`` trailer is re-encoded as revision 1's
 EngineError, so callers read one error type whichever surface they speak.
@@ -16,7 +16,7 @@ from openengine_adapters.v0_1 import kv_pb2, lifecycle_pb2, model_pb2, server_pb
 from openengine_adapters.v1 import kv_pb2 as rev1_kv_pb2
 from openengine_adapters.v1 import lifecycle_pb2 as rev1_lifecycle_pb2
 from openengine_adapters.v1 import lora_pb2 as rev1_lora_pb2
-from openengine_adapters.wire.v0_1 import translate
+from openengine_adapters.wire.v0_1 import client_mapping
 
 INFERENCE, CONTROL = "/openengine.v1.Inference/", "/openengine.v1.Control/"
 REVISION1_ONLY = frozenset({"Embed", "Classify", "Score", "Drain", "GetKvConnectorInfo", "SubscribeRuntimeEvents"})
@@ -27,7 +27,7 @@ class NotOnSurface(RuntimeError):
 
 
 def _error(exc: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
-    trailer = tuple((k, translate.revision1_error_trailer(v) if k == ERROR_TRAILER else v)
+    trailer = tuple((k, client_mapping.revision1_error_trailer(v) if k == ERROR_TRAILER else v)
                     for k, v in exc.trailing_metadata() or ())
     return grpc.aio.AioRpcError(exc.code(), exc.initial_metadata(), grpc.aio.Metadata(*trailer),
                                 exc.details(), exc.debug_error_string())
@@ -63,7 +63,7 @@ class _Stream:
 def _kv_event(raw: bytes) -> rev1_kv_pb2.SubscribeKvEventsResponse:
     resp = rev1_kv_pb2.SubscribeKvEventsResponse.FromString(raw)
     if resp.HasField("error"):
-        resp.error.CopyFrom(translate.revision1_error(kv_pb2.SubscribeKvEventsResponse.FromString(raw).error))
+        resp.error.CopyFrom(client_mapping.revision1_error(kv_pb2.SubscribeKvEventsResponse.FromString(raw).error))
     return resp
 
 
@@ -94,17 +94,17 @@ class V01Stub:
             raise _error(exc) from None
 
     def Generate(self, request, metadata=None, **kw):
-        body, keys = translate.v0_1_generate_request(request)
+        body, keys = client_mapping.v0_1_generate_request(request)
         call = self.channel.unary_stream(INFERENCE + "Generate", request_serializer=lambda m: m.SerializeToString(),
                                          response_deserializer=_identity)
         return _Stream(call(body, metadata=tuple(keys) + tuple(metadata or ()), **kw),
-                       translate.revision1_generate_response)
+                       client_mapping.revision1_generate_response)
 
     async def GetEngineInfo(self, request=None, **kw):
         info = await self._unary(CONTROL + "GetServerInfo", server_pb2.GetServerInfoRequest(),
                                  server_pb2.ServerInfo.FromString, **kw)
         self._capacity = info.capacity if info.HasField("capacity") else None
-        return translate.revision1_engine_info(info)
+        return client_mapping.revision1_engine_info(info)
 
     async def GetServerInfo(self, **kw) -> server_pb2.ServerInfo:
         """v0.1.0's own ServerInfo (capacity and extra included)."""
@@ -113,15 +113,15 @@ class V01Stub:
 
     async def GetModelInfo(self, request, **kw):
         mi = await self._unary(CONTROL + "GetModelInfo", request, model_pb2.ModelInfo.FromString, **kw)
-        return translate.revision1_model_info(mi, self._capacity)
+        return client_mapping.revision1_model_info(mi, self._capacity)
 
     async def GetLoad(self, request, **kw):
         load = await self._unary(CONTROL + "GetLoad", request, server_pb2.LoadInfo.FromString, **kw)
-        return translate.revision1_load_info(load)
+        return client_mapping.revision1_load_info(load)
 
     async def Health(self, request, **kw):
         resp = await self._unary(CONTROL + "Health", request, lifecycle_pb2.HealthResponse.FromString, **kw)
-        return translate.revision1_health(resp)
+        return client_mapping.revision1_health(resp)
 
     async def Abort(self, request, **kw):
         return await self._unary(CONTROL + "Abort", request, rev1_lifecycle_pb2.AbortResponse.FromString, **kw)

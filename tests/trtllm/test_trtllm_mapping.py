@@ -10,7 +10,10 @@ import pytest
 from openengine_adapters import backend as be
 from openengine_adapters.engine_kit.stop_text import stop_prefix_len
 from openengine_adapters.errors import EngineFailure, RequestRejected
-from openengine_adapters.trtllm import translate as tr
+from openengine_adapters.trtllm import disagg as dis
+from openengine_adapters.trtllm import kv_event_mapping as kvm
+from openengine_adapters.trtllm import output_mapping as outs
+from openengine_adapters.trtllm import request_mapping as req
 from openengine_adapters.types import CandidateMode, FinishReason, StorageMedium
 from openengine_adapters.validation.generate import check_room
 
@@ -25,7 +28,7 @@ def params(**kw) -> be.GenerateParams:
 ])
 def test_max_tokens_as_asked_when_it_fits(max_tokens, prompt_len, ctx):
     check_room(prompt_len, max_tokens, ctx)
-    assert tr.sampling_kwargs(params(stopping=be.Stopping(max_tokens=max_tokens)))["max_tokens"] == max_tokens
+    assert req.sampling_kwargs(params(stopping=be.Stopping(max_tokens=max_tokens)))["max_tokens"] == max_tokens
 
 
 @pytest.mark.parametrize("max_tokens, prompt_len, ctx, fragment", [
@@ -54,7 +57,7 @@ DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
      {"n": 1, "max_tokens": None, "logprobs": 4, "prompt_logprobs": 1, **DEFAULTS}),
 ])
 def test_sampling_kwargs(p, expected):
-    assert tr.sampling_kwargs(p) == expected
+    assert req.sampling_kwargs(p) == expected
 
 
 @pytest.mark.parametrize("reason, stop_reason, expected", [
@@ -69,7 +72,7 @@ def test_sampling_kwargs(p, expected):
     ("weird", None, (None, None)),
 ])
 def test_finish(reason, stop_reason, expected):
-    assert tr.finish(reason, stop_reason, [5], 2)[:2] == expected
+    assert outs.finish(reason, stop_reason, [5], 2)[:2] == expected
 
 
 @pytest.mark.parametrize("text, stops, expected", [
@@ -83,11 +86,11 @@ def test_stop_prefix_len(text, stops, expected):
 def test_token_logprob_topn_and_missing():
     L = fake_trtllm.Logprob
     pos = {5: L(-0.1, 1), 6: L(-0.5, 2), 7: L(-0.9, 3), 9: L(-4.0, 40)}
-    out = tr.token_logprob(pos, 9, be.CandidateSelection(CandidateMode.TOP_N, 2))
+    out = outs.token_logprob(pos, 9, be.CandidateSelection(CandidateMode.TOP_N, 2))
     assert (out.logprob, out.rank) == (-4.0, 40) and [c.token_id for c in out.candidates] == [5, 6]
-    out = tr.token_logprob(pos, 8, None)
+    out = outs.token_logprob(pos, 8, None)
     assert out.logprob is None and out.rank is None and not out.candidates
-    assert tr.token_logprob(None, 5, None) is None
+    assert outs.token_logprob(None, 5, None) is None
 
 
 def comp(index, ids, text, reason=None, stop_reason=None, logprobs=None, stale=None):
@@ -102,7 +105,7 @@ def out(*comps, finished=False, prompt=(1, 2)):
 
 
 def test_translator_cumulative_n2_with_stale_diffs():
-    t = tr.OutputTranslator(params(sampling=be.Sampling(num_sequences=2)), 2)
+    t = outs.TrtllmOutputMapper(params(sampling=be.Sampling(num_sequences=2)), 2)
     a = t.chunk(out(comp(0, [1], "a"), comp(1, [], "")))
     assert [(d.index, list(d.token_ids), d.text) for d in a.outputs] == [(0, [1], "a")]
     b = t.chunk(out(comp(0, [1], "a", stale=0), comp(1, [4, 5], "de")))
@@ -117,7 +120,7 @@ def test_translator_cumulative_n2_with_stale_diffs():
 
 def test_translator_stop_holdback_and_truncation():
     p = params(stopping=be.Stopping(stop_texts=("wor",)))
-    t = tr.OutputTranslator(p, 2, stop_token_holdback=2)
+    t = outs.TrtllmOutputMapper(p, 2, stop_token_holdback=2)
     assert t.chunk(out(comp(0, [104, 32, 119], "h w"))).outputs[0].text == "h "
     c = t.chunk(out(comp(0, [104, 32, 119, 111], "h wo"))).outputs
     assert c == [] or (c[0].text == "" and list(c[0].token_ids) == [32])
@@ -126,14 +129,14 @@ def test_translator_stop_holdback_and_truncation():
 
 
 def test_translator_inferred_finish_when_request_final():
-    t = tr.OutputTranslator(params(sampling=be.Sampling(num_sequences=2)), 2)
+    t = outs.TrtllmOutputMapper(params(sampling=be.Sampling(num_sequences=2)), 2)
     t.max_tokens = 2
     c = t.chunk(out(comp(0, [7, 8], "xy"), comp(1, [3, 4], "ab", "length"), finished=True))
     assert {d.index: d.finish_reason for d in c.outputs} == {0: FinishReason.LENGTH, 1: FinishReason.LENGTH}
 
 
 def test_translator_unknown_reason_is_engine_failure():
-    t = tr.OutputTranslator(params(), 2)
+    t = outs.TrtllmOutputMapper(params(), 2)
     with pytest.raises(EngineFailure):
         t.chunk(out(comp(0, [1], "a", "exploded"), finished=True))
 
@@ -163,15 +166,15 @@ def session(session_id="1", dp_rank=0, **attrs):
 ])
 def test_decode_disaggregated_rejects(ref, fragment):
     with pytest.raises(RequestRejected, match=fragment):
-        tr.decode_disaggregated(ref, ENGINE_1_2)
+        dis.decode_disaggregated(ref, ENGINE_1_2)
 
 
 def test_disaggregated_round_trip_and_big_ids():
     dp = fake_trtllm.DisaggregatedParams(request_type="context_only", first_gen_tokens=[5], ctx_request_id=2**60,
                                          opaque_state=b"\x00\xff", draft_tokens=[7, 8])
-    sid, rank, attrs = tr.encode_disaggregated(dp, "req")
+    sid, rank, attrs = dis.encode_disaggregated(dp, "req")
     assert (sid, rank) == (str(2**60), 0) and "ctx_request_id" not in attrs
-    back = tr.decode_disaggregated(be.KvSession(sid, attributes=attrs), ENGINE_1_2)
+    back = dis.decode_disaggregated(be.KvSession(sid, attributes=attrs), ENGINE_1_2)
     assert back == {"request_type": "generation_only", "ctx_request_id": 2**60, "first_gen_tokens": [5],
                     "opaque_state": b"\x00\xff", "draft_tokens": [7, 8]}
 
@@ -182,22 +185,22 @@ def test_sessions_of_tensorrt_llms_own_server_are_consumed():
     keys (ctx_usage, schedule_style, first_gen_log_probs) are informational and ignored."""
     theirs = session("42", 1, opaque_state=STATE, first_gen_tokens=[104], disagg_request_id="77", ctx_dp_rank=1,
                      ctx_info_endpoint="tcp://10.0.0.1:5555", ctx_usage={"prompt_tokens": 3.0}, schedule_style=0)
-    kw = tr.decode_disaggregated(theirs, ENGINE_MAIN)
+    kw = dis.decode_disaggregated(theirs, ENGINE_MAIN)
     assert kw == {"request_type": "generation_only", "ctx_request_id": 42, "first_gen_tokens": [104],
                   "opaque_state": b"\0state", "ctx_info_endpoint": "tcp://10.0.0.1:5555", "disagg_request_id": 77,
                   "ctx_dp_rank": 1}
     # an endpoint alone locates the context worker where the engine takes one
-    assert tr.decode_disaggregated(session("42", first_gen_tokens=[1], ctx_info_endpoint="tcp://h:1"),
+    assert dis.decode_disaggregated(session("42", first_gen_tokens=[1], ctx_info_endpoint="tcp://h:1"),
                                    ENGINE_MAIN)["ctx_info_endpoint"] == "tcp://h:1"
     # sessions this adapter issued before the shared layout (ctx_request_id in the attributes)
-    assert tr.decode_disaggregated(session("p1", ctx_request_id=5, first_gen_tokens=[1], opaque_state=STATE),
+    assert dis.decode_disaggregated(session("p1", ctx_request_id=5, first_gen_tokens=[1], opaque_state=STATE),
                                    ENGINE_1_2)["ctx_request_id"] == 5
 
 
 def test_encode_in_the_shared_layout():
     dp = SimpleNamespace(ctx_request_id=3, first_gen_tokens=[5], opaque_state=None, draft_tokens=None,
                          disagg_request_id=2**60, ctx_dp_rank=1, ctx_info_endpoint="tcp://h:1")
-    sid, rank, attrs = tr.encode_disaggregated(dp)
+    sid, rank, attrs = dis.encode_disaggregated(dp)
     assert (sid, rank) == ("3", 1)
     assert attrs == {"first_gen_tokens": [5], "disagg_request_id": str(2**60), "ctx_dp_rank": 1,
                      "ctx_info_endpoint": "tcp://h:1"}
@@ -206,12 +209,12 @@ def test_encode_in_the_shared_layout():
 @pytest.mark.parametrize("value, hexed", [(1, "0000000000000001"), (-1, "ffffffffffffffff"),
                                           (2**64 - 1, "ffffffffffffffff")])
 def test_block_hash(value, hexed):
-    h = tr.block_hash(value)
+    h = kvm.block_hash(value)
     assert h.value.hex() == hexed and h.encoding == "int64"
 
 
 def test_medium():
-    assert (tr.medium(0), tr.medium(1), tr.medium(9)) == (StorageMedium.GPU, StorageMedium.CPU_PINNED,
+    assert (kvm.medium(0), kvm.medium(1), kvm.medium(9)) == (StorageMedium.GPU, StorageMedium.CPU_PINNED,
                                                           StorageMedium.UNSPECIFIED)
 
 
@@ -228,7 +231,7 @@ def test_translator_decodes_incrementally_and_waits_for_whole_characters():
                 i += 1
         return text
 
-    t = tr.OutputTranslator(params(), 2, decode=decode)
+    t = outs.TrtllmOutputMapper(params(), 2, decode=decode)
     c1 = t.chunk(out(comp(0, [65, 200], "engine text ignored")))
     assert [(d.token_ids, d.text) for d in c1.outputs] == [([65, 200], "")]  # "A\ufffd": wait for the rest
     c2 = t.chunk(out(comp(0, [65, 200, 201, 66], "")))
@@ -238,7 +241,7 @@ def test_translator_decodes_incrementally_and_waits_for_whole_characters():
 
 
 def test_translator_infers_a_stop_word_on_a_sequence_without_a_reason():
-    t = tr.OutputTranslator(params(sampling=be.Sampling(num_sequences=2), stopping=be.Stopping(stop_texts=("xy",))),
+    t = outs.TrtllmOutputMapper(params(sampling=be.Sampling(num_sequences=2), stopping=be.Stopping(stop_texts=("xy",))),
                             2, decode=lambda ids: "".join(map(chr, ids)), stop_ids={"xy": [120, 121]})
     c = t.chunk(out(comp(0, [97, 120, 121], ""), comp(1, [98, 99], "", "length"), finished=True))
     d0 = next(d for d in c.outputs if d.index == 0)

@@ -9,7 +9,8 @@ import pytest
 from openengine_adapters import backend as be
 from openengine_adapters.errors import EngineFailure
 from openengine_adapters.types import CandidateMode, FinishReason, Modality
-from openengine_adapters.vllm import translate as t
+from openengine_adapters.vllm import output_mapping as out
+from openengine_adapters.vllm import request_mapping as req
 
 
 def params(**kw) -> be.GenerateParams:
@@ -41,22 +42,22 @@ def params(**kw) -> be.GenerateParams:
     (params(metadata={"k": "v"}), {"n": 1, "max_tokens": None, "extra_args": {"openengine_metadata": {"k": "v"}}}),
 ])
 def test_sampling_kwargs_pass_only_what_is_present(p, expected):
-    assert t.sampling_kwargs(p) == expected
+    assert req.sampling_kwargs(p) == expected
 
 
 def test_prompt_input():
-    assert t.prompt_input(params()) == {"prompt": "hi"}
+    assert req.prompt_input(params()) == {"prompt": "hi"}
     p = be.GenerateParams("r", "m", token_ids=(1, 2), cache_salt="s",
                           media=(be.Media(Modality.IMAGE, url="http://x", uuid="u1"), be.Media(Modality.IMAGE,
                                                                                                  url="http://y")))
-    assert t.prompt_input(p, {"image": ["A", "B"]}) == {
+    assert req.prompt_input(p, {"image": ["A", "B"]}) == {
         "prompt_token_ids": [1, 2], "cache_salt": "s", "multi_modal_data": {"image": ["A", "B"]},
         "multi_modal_uuids": {"image": ["u1", None]}}
 
 
 @pytest.mark.parametrize("priority,engine", [(None, 0), (0, 0), (5, -5), (-3, 3)])
 def test_priority_is_negated(priority, engine):
-    assert t.engine_priority(priority) == engine
+    assert req.engine_priority(priority) == engine
 
 
 @dataclass
@@ -70,22 +71,22 @@ POS = {7: Lp(-0.1, 1, "a"), 3: Lp(-1.0, 2, "b"), 9: Lp(-2.0, 3, "c"), 42: Lp(-5.
 
 
 def test_token_logprob_top_n_keeps_true_ranks_and_drops_the_extra_chosen_entry():
-    lp, text = t.token_logprob(POS, 42, be.CandidateSelection(CandidateMode.TOP_N, top_n=3))
+    lp, text = out.token_logprob(POS, 42, be.CandidateSelection(CandidateMode.TOP_N, top_n=3))
     assert (lp.logprob, lp.rank, text) == (-5.0, 40, "z")
     assert [(c.token_id, c.rank) for c in lp.candidates] == [(7, 1), (3, 2), (9, 3)]
 
 
 def test_token_logprob_explicit_ids_omit_list_position_ranks():
     pos = {3: Lp(-1.0, 1, "b"), 9: Lp(-2.0, 2, "c")}
-    lp, _ = t.token_logprob(pos, 9, be.CandidateSelection(CandidateMode.TOKEN_IDS, token_ids=(9, 3)))
+    lp, _ = out.token_logprob(pos, 9, be.CandidateSelection(CandidateMode.TOKEN_IDS, token_ids=(9, 3)))
     assert [c.token_id for c in lp.candidates] == [9, 3] and all(c.rank is None for c in lp.candidates)
     assert lp.rank is None and lp.logprob == -2.0
 
 
 def test_token_logprob_without_candidates_and_missing_position():
-    lp, _ = t.token_logprob(POS, 7, None)
+    lp, _ = out.token_logprob(POS, 7, None)
     assert (lp.logprob, lp.rank, lp.candidates) == (-0.1, 1, [])
-    assert t.token_logprob(None, 7, None) == (None, "")
+    assert out.token_logprob(None, 7, None) == (None, "")
 
 
 @pytest.mark.parametrize("reason,stop_reason,ids,expected", [
@@ -97,7 +98,7 @@ def test_token_logprob_without_candidates_and_missing_position():
     ("abort", None, [], (None, None, "engine finished with 'abort'")),  # the backend ends the stream first
 ])
 def test_finish_mapping(reason, stop_reason, ids, expected):
-    assert t.finish(reason, stop_reason, ids, 2) == expected
+    assert out.finish(reason, stop_reason, ids, 2) == expected
 
 
 @dataclass
@@ -120,7 +121,7 @@ class Out:
 
 def test_output_translator_prompt_once_and_deltas():
     p = params(logprobs=be.LogprobRequest(prompt=True, prompt_start=1, output=True))
-    tr = t.OutputTranslator(p, 2)
+    tr = out.VllmOutputMapper(p, 2)
     first = tr.chunk(Out([Comp(0, [7], "a", [POS])], [1, 7, 3], [None, POS, POS]))
     assert first.prompt_tokens == 3 and [pt.token_id for pt in first.prompt] == [7, 3]
     assert first.outputs[0].logprobs[0].logprob == -0.1 and first.outputs[0].tokens == ["a"]
@@ -130,7 +131,7 @@ def test_output_translator_prompt_once_and_deltas():
 
 
 def test_unknown_finish_reason_is_an_engine_failure():
-    tr = t.OutputTranslator(params(), 2)
+    tr = out.VllmOutputMapper(params(), 2)
     with pytest.raises(EngineFailure):
         tr.chunk(Out([Comp(0, [1], "x", None, "error")], [1]))
 

@@ -10,7 +10,10 @@ import pytest
 
 from openengine_adapters import backend as be
 from openengine_adapters.errors import EngineFailure, RequestRejected
-from openengine_adapters.sglang import translate as t
+from openengine_adapters.sglang import disagg as dis
+from openengine_adapters.sglang import load_mapping as load
+from openengine_adapters.sglang import output_mapping as out
+from openengine_adapters.sglang import request_mapping as req
 from openengine_adapters.types import CandidateMode, ErrorCode, FinishReason, GuidedMode
 
 
@@ -27,20 +30,20 @@ def test_package_imports_without_sglang():
 
 
 def test_engine_rids_never_prefix_each_other():
-    ids = t.engine_rids("req", 12) + t.engine_rids("req", 12) + t.engine_rids("req1", 3) + t.engine_rids("r", 2)
+    ids = req.engine_rids("req", 12) + req.engine_rids("req", 12) + req.engine_rids("req1", 3) + req.engine_rids("r", 2)
     assert len(set(ids)) == len(ids)
     for a in ids:
         for b in ids:
             assert a == b or not b.startswith(a), (a, b)
-    assert t.engine_rids("x", 2, salt="s") == ["oes-0|x", "oes-1|x"]
+    assert req.engine_rids("x", 2, salt="s") == ["oes-0|x", "oes-1|x"]
 
 
 def test_derived_seeds():
-    assert t.derived_seed(5, 0) == 5
-    assert t.derived_seed(2**64 - 1, 0) == -1  # uint64 -> SGLang's int64
-    seeds = {t.derived_seed(5, i) for i in range(1, 50)}
+    assert req.derived_seed(5, 0) == 5
+    assert req.derived_seed(2**64 - 1, 0) == -1  # uint64 -> SGLang's int64
+    seeds = {req.derived_seed(5, i) for i in range(1, 50)}
     assert len(seeds) == 49 and all(0 <= s < 2**63 for s in seeds) and 5 not in seeds
-    assert t.derived_seed(5, 3) == t.derived_seed(5, 3)
+    assert req.derived_seed(5, 3) == req.derived_seed(5, 3)
 
 
 # --------------------------------------------------------------------------- sampling params
@@ -62,14 +65,14 @@ def test_derived_seeds():
      {"max_new_tokens": None, "stop_token_ids": [5], "ignore_eos": True}),
 ])
 def test_sampling_params(p, expected):
-    assert t.sampling_params(p) == expected
+    assert req.sampling_params(p) == expected
 
 
 def test_sampling_params_per_index_seed_and_default_max():
     p = params(sampling=be.Sampling(seed=11, num_sequences=3))
-    assert [t.sampling_params(p, i)["sampling_seed"] for i in range(3)] == [11, t.derived_seed(11, 1),
-                                                                            t.derived_seed(11, 2)]
-    assert t.sampling_params(params())["max_new_tokens"] is None  # explicit: SGLang's default would be 128
+    assert [req.sampling_params(p, i)["sampling_seed"] for i in range(3)] == [11, req.derived_seed(11, 1),
+                                                                            req.derived_seed(11, 2)]
+    assert req.sampling_params(params())["max_new_tokens"] is None  # explicit: SGLang's default would be 128
 
 
 @pytest.mark.parametrize("mode,value,expected", [
@@ -81,20 +84,20 @@ def test_sampling_params_per_index_seed_and_default_max():
     (GuidedMode.JSON_OBJECT, None, {"json_schema": json.dumps({"type": "object"})}),
 ])
 def test_guided_lowering(mode, value, expected):
-    assert t.guided_kwargs(be.Guided(mode, value)) == expected
-    assert expected.items() <= t.sampling_params(params(guided=be.Guided(mode, value))).items()
+    assert req.guided_kwargs(be.Guided(mode, value)) == expected
+    assert expected.items() <= req.sampling_params(params(guided=be.Guided(mode, value))).items()
 
 
 def test_request_kwargs():
     p = params(lora_name="ad", priority=3, cache_salt="s", data_parallel_rank=1)
-    assert t.request_kwargs(p, "rid") == {
+    assert req.request_kwargs(p, "rid") == {
         "rid": "rid", "stream": True, "sampling_params": {"max_new_tokens": None}, "text": "hi",
         "lora_path": "ad", "priority": 3, "cache_salt": "s", "routed_dp_rank": 1}
-    kw = t.request_kwargs(params(prompt=None, token_ids=(1, 2)), "rid", disagg={"bootstrap_room": 5})
+    kw = req.request_kwargs(params(prompt=None, token_ids=(1, 2)), "rid", disagg={"bootstrap_room": 5})
     assert kw["input_ids"] == [1, 2] and "text" not in kw and kw["bootstrap_room"] == 5
     # OpenEngine runs higher priorities first; --schedule-low-priority-values-first runs lower values
     # first, so the value is negated rather than the request refused (as vLLM's priority policy)
-    assert t.request_kwargs(p, "rid", low_priority_first=True)["priority"] == -3
+    assert req.request_kwargs(p, "rid", low_priority_first=True)["priority"] == -3
 
 
 @pytest.mark.parametrize("lp,expected", [
@@ -114,7 +117,7 @@ def test_request_kwargs():
      {"return_logprob": True, "return_text_in_logprobs": True, "logprob_start_len": 0}),
 ])
 def test_logprob_kwargs(lp, expected):
-    kw = t.request_kwargs(params(logprobs=lp), "rid")
+    kw = req.request_kwargs(params(logprobs=lp), "rid")
     got = {k: v for k, v in kw.items() if k not in ("rid", "stream", "sampling_params", "text")}
     assert got == expected
 
@@ -123,16 +126,16 @@ def test_logprob_kwargs(lp, expected):
 
 
 def test_session_round_trip():
-    attrs = t.encode_session("10.0.0.1", 8998, 2**60 + 3, 1)
+    attrs = dis.encode_session("10.0.0.1", 8998, 2**60 + 3, 1)
     assert attrs["bootstrap_room"] == str(2**60 + 3)  # above 2^53: a string in the Struct
-    assert t.decode_session(attrs) == {"bootstrap_host": "10.0.0.1", "bootstrap_port": 8998,
+    assert dis.decode_session(attrs) == {"bootstrap_host": "10.0.0.1", "bootstrap_port": 8998,
                                        "bootstrap_room": 2**60 + 3, "disagg_prefill_dp_rank": 1}
-    small = t.encode_session("h", 1, 77, 0)
+    small = dis.encode_session("h", 1, 77, 0)
     assert small["bootstrap_room"] == 77
     # Struct numbers arrive as doubles
-    assert t.decode_session({"bootstrap_host": "h", "bootstrap_port": 1.0, "bootstrap_room": 77.0})[
+    assert dis.decode_session({"bootstrap_host": "h", "bootstrap_port": 1.0, "bootstrap_room": 77.0})[
         "bootstrap_room"] == 77
-    assert 0 <= t.new_bootstrap_room() < 2**63
+    assert 0 <= dis.new_bootstrap_room() < 2**63
 
 
 @pytest.mark.parametrize("attrs,field", [
@@ -148,7 +151,7 @@ def test_session_round_trip():
 ])
 def test_decode_session_rejects(attrs, field):
     with pytest.raises(RequestRejected) as exc:
-        t.decode_session(attrs)
+        dis.decode_session(attrs)
     assert f"attributes_struct.{field}" in exc.value.message
 
 
@@ -165,16 +168,16 @@ def test_decode_session_rejects(attrs, field):
     ({"type": "abort", "message": "Aborted"}, (None, None, "Aborted", True)),
 ])
 def test_finish(reason, expected):
-    assert t.finish(reason, 2, 5) == expected
+    assert out.finish(reason, 2, 5) == expected
 
 
 def test_abort_failures():
-    assert t.abort_failure({"type": "abort", "message": "Aborted", "status_code": None}) is None
-    bad = t.abort_failure({"type": "abort", "message": "too long", "status_code": 400})
+    assert out.abort_failure({"type": "abort", "message": "Aborted", "status_code": None}) is None
+    bad = out.abort_failure({"type": "abort", "message": "too long", "status_code": 400})
     assert isinstance(bad, EngineFailure) and bad.code == ErrorCode.INVALID_ARGUMENT
-    assert t.abort_failure({"type": "abort", "message": "KV transfer failed", "status_code": 500}).code == \
+    assert out.abort_failure({"type": "abort", "message": "KV transfer failed", "status_code": 500}).code == \
         ErrorCode.KV_TRANSFER_FAILED
-    assert t.abort_failure({"type": "abort", "message": "boom", "status_code": 500}).code == ErrorCode.INTERNAL
+    assert out.abort_failure({"type": "abort", "message": "boom", "status_code": 500}).code == ErrorCode.INTERNAL
 
 
 # --------------------------------------------------------------------------- cumulative -> deltas
@@ -185,7 +188,7 @@ def chunk(ids, text, reason=None, **meta):
 
 
 def test_cumulative_chunks_become_deltas_and_are_copied():
-    tr = t.OutputTranslator(params(), 1, eos_token_id=2)
+    tr = out.SglangOutputMapper(params(), 1, eos_token_id=2)
     live = [5, 6]
     d1 = tr.delta(chunk(live, "ab"))
     live.append(7)  # SGLang extends its live list after we return
@@ -201,7 +204,7 @@ def test_cumulative_chunks_become_deltas_and_are_copied():
 
 
 def test_stop_string_prefix_is_held_back():
-    tr = t.OutputTranslator(params(stopping=be.Stopping(stop_texts=("xyz",))), 0, 2)
+    tr = out.SglangOutputMapper(params(stopping=be.Stopping(stop_texts=("xyz",))), 0, 2)
     assert tr.delta(chunk([1], "ab")).text == "ab"
     d = tr.delta(chunk([1, 2], "abxy"))  # "xy" may start "xyz": held back, tokens are not
     assert (list(d.token_ids), d.text) == ([2], "")
@@ -212,34 +215,34 @@ def test_stop_string_prefix_is_held_back():
 
 
 def test_include_stop_in_output_holds_nothing_back():
-    tr = t.OutputTranslator(params(stopping=be.Stopping(stop_texts=("xyz",), include_stop_in_output=True)), 0, 2)
+    tr = out.SglangOutputMapper(params(stopping=be.Stopping(stop_texts=("xyz",), include_stop_in_output=True)), 0, 2)
     assert tr.delta(chunk([1, 2], "abxy")).text == "abxy"
 
 
 def test_adapter_matches_stop_tokens_under_ignore_eos():
     """SGLang ignores stop_token_ids with ignore_eos: the translator matches them (after min_tokens)."""
     st = be.Stopping(stop_token_ids=(9,), ignore_eos=True, min_tokens=2)
-    tr = t.OutputTranslator(params(stopping=st), 0, 2, decode=lambda ids: "".join(chr(96 + i) for i in ids))
+    tr = out.SglangOutputMapper(params(stopping=st), 0, 2, decode=lambda ids: "".join(chr(96 + i) for i in ids))
     d = tr.delta(chunk([9, 1], "ia"))  # 9 within min_tokens: not a stop
     assert list(d.token_ids) == [9, 1] and d.finish_reason is None
     d = tr.delta(chunk([9, 1, 3, 9, 4], "iacid"))
     assert list(d.token_ids) == [3, 9] and d.text == "c"  # cut after the stop token, its text trimmed
     assert d.finish_reason == FinishReason.STOP and d.stop == be.StopMatch(stop_token_id=9)
     assert tr.done and not tr.engine_done  # the backend must abort the rest of the SGLang request
-    keep = t.OutputTranslator(params(stopping=be.Stopping(stop_token_ids=(9,), ignore_eos=True,
+    keep = out.SglangOutputMapper(params(stopping=be.Stopping(stop_token_ids=(9,), ignore_eos=True,
                                                           include_stop_in_output=True)), 0, 2,
                               decode=lambda ids: "".join(chr(96 + i) for i in ids))
     assert keep.delta(chunk([1, 9, 4], "aid")).text == "ai"
 
 
 def test_abort_chunk_marks_the_output():
-    tr = t.OutputTranslator(params(), 0, 2)
+    tr = out.SglangOutputMapper(params(), 0, 2)
     assert tr.delta(chunk([1], "a", {"type": "abort", "message": "Aborted", "status_code": None})) is None
     assert tr.done and tr.aborted["type"] == "abort"
 
 
 def test_unknown_finish_is_an_engine_failure():
-    tr = t.OutputTranslator(params(), 0, 2)
+    tr = out.SglangOutputMapper(params(), 0, 2)
     with pytest.raises(EngineFailure):
         tr.delta(chunk([1], "a", {"type": "weird"}))
 
@@ -249,7 +252,7 @@ def test_unknown_finish_is_an_engine_failure():
 
 def test_output_logprobs_top_n_and_token_ids():
     sel = be.CandidateSelection(CandidateMode.TOP_N, top_n=2)
-    tr = t.OutputTranslator(params(logprobs=be.LogprobRequest(output=True, output_candidates=sel)), 0, 2)
+    tr = out.SglangOutputMapper(params(logprobs=be.LogprobRequest(output=True, output_candidates=sel)), 0, 2)
     meta = {"output_token_logprobs": [(-0.5, 5, "a"), (-1.5, 6, "b")],
             "output_top_logprobs": [[(-0.5, 5, "a"), (-1.0, 8, "c"), (-2.0, 9, "d")],
                                     [(-1.0, 7, "x"), (-1.5, 6, "b")]]}
@@ -260,7 +263,7 @@ def test_output_logprobs_top_n_and_token_ids():
     assert [(c.token_id, c.rank) for c in first.candidates] == [(5, 1), (8, 2)]
     assert (second.logprob, second.rank) == (-1.5, 2)
     ids_sel = be.CandidateSelection(CandidateMode.TOKEN_IDS, token_ids=(4,))
-    tr = t.OutputTranslator(params(logprobs=be.LogprobRequest(output=True, output_candidates=ids_sel)), 0, 2)
+    tr = out.SglangOutputMapper(params(logprobs=be.LogprobRequest(output=True, output_candidates=ids_sel)), 0, 2)
     d = tr.delta(chunk([5], "a", output_token_logprobs=[(-0.5, 5, "a")],
                        output_token_ids_logprobs=[[(-3.0, 4, "q")]]))
     (lp,) = d.logprobs
@@ -272,13 +275,13 @@ def test_prompt_tokens():
     p = params(logprobs=be.LogprobRequest(prompt=True, prompt_candidates=sel))
     meta = {"input_token_logprobs": [(None, 1, "<s>"), (-2.0, 5, "a")],
             "input_top_logprobs": [None, [(-1.0, 7, "x"), (-2.0, 5, "a")]]}
-    first, second = t.prompt_tokens(p, meta)
+    first, second = out.prompt_tokens(p, meta)
     assert (first.token_id, first.token, first.logprob.logprob, first.logprob.candidates) == (1, "<s>", None, [])
     assert (second.token_id, second.logprob.logprob, second.logprob.rank) == (5, -2.0, 2)
     assert [c.token_id for c in second.logprob.candidates] == [7]
     # a start > 0: SGLang was asked one position earlier (left unscored), which is dropped
     p = params(logprobs=be.LogprobRequest(prompt=True, prompt_start=1))
-    (tok,) = t.prompt_tokens(p, {"input_token_logprobs": [(None, 1, "<s>"), (-2.0, 5, "a")]})
+    (tok,) = out.prompt_tokens(p, {"input_token_logprobs": [(None, 1, "<s>"), (-2.0, 5, "a")]})
     assert (tok.token_id, tok.logprob.logprob) == (5, -2.0)
 
 
@@ -290,19 +293,19 @@ def test_load_snapshot_in_pages():
                              max_total_num_tokens=8192, num_waiting_uncached_tokens=30, timestamp=2.5),
              SimpleNamespace(dp_rank=1, num_running_reqs=0, num_waiting_reqs=0, num_used_tokens=0,
                              max_total_num_tokens=8192, num_waiting_uncached_tokens=0, timestamp=2.0)]
-    snap = t.load_snapshot(loads, 4, per_rank=True)
+    snap = load.load_snapshot(loads, 4, per_rank=True)
     assert (snap.running_requests, snap.queued_requests, snap.used_kv_blocks, snap.total_kv_blocks) == (2, 1, 3, 4096)
     assert (snap.running_tokens, snap.waiting_tokens, snap.timestamp_unix_nanos) == (9, 30, 2_500_000_000)
     assert [r.data_parallel_rank for r in snap.ranks] == [0, 1] and snap.ranks[0].used_kv_blocks == 3
-    assert t.load_snapshot(loads, 4, per_rank=False).ranks == ()
-    empty = t.load_snapshot([], 1, per_rank=False)
+    assert load.load_snapshot(loads, 4, per_rank=False).ranks == ()
+    empty = load.load_snapshot([], 1, per_rank=False)
     assert empty.running_requests is None and empty.total_kv_blocks is None
 
 
 def test_kv_events_config():
-    assert t.kv_events_config(None) is None
-    assert t.kv_events_config('{"publisher": "null"}') is None
-    cfg = t.kv_events_config('{"publisher": "zmq", "topic": "kv"}')
+    assert req.kv_events_config(None) is None
+    assert req.kv_events_config('{"publisher": "null"}') is None
+    cfg = req.kv_events_config('{"publisher": "zmq", "topic": "kv"}')
     assert cfg == {"publisher": "zmq", "topic": "kv", "endpoint": "tcp://*:5557"}
 
 
@@ -310,9 +313,9 @@ def test_load_counts_what_is_in_flight_the_moment_it_is():
     """SGLang's get_loads snapshot lags (published on a prefill, then every 15 decode steps): a request
     the adapter holds and SGLang does not report queued is running (issue 24: running 0 while one ran)."""
     lagging = be.LoadSnapshot(running_requests=0, queued_requests=0)
-    assert t.with_in_flight(lagging, 2).running_requests == 2
+    assert load.with_in_flight(lagging, 2).running_requests == 2
     queued = be.LoadSnapshot(running_requests=0, queued_requests=1)
-    assert t.with_in_flight(queued, 2).running_requests == 1
+    assert load.with_in_flight(queued, 2).running_requests == 1
     ahead = be.LoadSnapshot(running_requests=3, queued_requests=0)  # never lowered below SGLang's own count
-    assert t.with_in_flight(ahead, 1).running_requests == 3
-    assert t.with_in_flight(be.LoadSnapshot(), 2).running_requests is None  # unreported stays so
+    assert load.with_in_flight(ahead, 1).running_requests == 3
+    assert load.with_in_flight(be.LoadSnapshot(), 2).running_requests is None  # unreported stays so

@@ -16,10 +16,20 @@ from typing import Any
 
 from openengine_adapters import backend as be
 from openengine_adapters.kv_events.bridge import KvEventBridge
-from openengine_adapters.trtllm.translate import block_hash, medium
 from openengine_adapters.types import StorageMedium
 
 log = logging.getLogger(__name__)
+
+
+def block_hash(value: int) -> be.BlockHash:
+    """TensorRT-LLM block hashes are 64-bit integers (signed or unsigned): 8 bytes, int64."""
+    v = int(value) & (2**64 - 1)
+    return be.BlockHash(v.to_bytes(8, "big"), "int64")
+
+
+def medium(cache_level: Any) -> StorageMedium:
+    """TensorRT-LLM cache levels: 0 = GPU (primary), 1 = host (secondary offload)."""
+    return {0: StorageMedium.GPU, 1: StorageMedium.CPU_PINNED}.get(cache_level, StorageMedium.UNSPECIFIED)
 
 
 @dataclass(slots=True)

@@ -1,4 +1,5 @@
-"""Pure v0.1.0 <-> revision-1 message translation at the surface's boundary.
+"""The server's side of the v0.1.0 surface: v0.1.0 requests -> the core's revision-1 messages, and the
+core's responses -> v0.1.0 (the client's side, reversed, is ``client_mapping``).
 
 Revision 1 is the core's message set: a superset of v0.1.0 for everything both contracts have. What
 differs (upstream commits 8c93c23..dbd84b6 plus the v0.1.0 drain removals):
@@ -29,7 +30,6 @@ from google.protobuf import json_format
 from openengine_adapters import backend as be
 from openengine_adapters.errors import invalid
 from openengine_adapters.messages import presence
-from openengine_adapters.messages.observability import attribute_text
 from openengine_adapters.types import ErrorCode, HealthState
 from openengine_adapters.v0_1 import error_pb2, generation_pb2, kv_pb2, lifecycle_pb2, lora_pb2, model_pb2, server_pb2
 from openengine_adapters.v1 import engine_pb2
@@ -67,16 +67,17 @@ PASSTHROUGH = {
     model_pb2.GenerationCapabilities: rev1_model_pb2.GenerationCapabilities,
 }
 
+
 ERROR_CODE = {int(c): int(c) for c in ErrorCode if c <= ErrorCode.CANCELLED}
 ERROR_CODE |= {int(ErrorCode.DRAINING): error_pb2.ERROR_CODE_OVERLOADED,
                int(ErrorCode.INTERNAL): error_pb2.ERROR_CODE_INTERNAL}
+
 HEALTH_STATE = {int(HealthState.UNSPECIFIED): lifecycle_pb2.HEALTH_STATE_UNSPECIFIED,
                 int(HealthState.STARTING): lifecycle_pb2.HEALTH_STATE_STARTING,
                 int(HealthState.READY): lifecycle_pb2.HEALTH_STATE_READY,
                 int(HealthState.DEGRADED): lifecycle_pb2.HEALTH_STATE_DEGRADED,
                 int(HealthState.DRAINING): lifecycle_pb2.HEALTH_STATE_NOT_READY,
                 int(HealthState.NOT_READY): lifecycle_pb2.HEALTH_STATE_NOT_READY}
-
 
 def recast(msg, target, drop: tuple[str, ...] = ()):
     """``msg`` as the other contract's ``target`` by its bytes, less the ``drop`` fields: those whose
@@ -88,7 +89,7 @@ def recast(msg, target, drop: tuple[str, ...] = ()):
     return target.FromString(body.SerializeToString())
 
 
-def _copy_kv_options(src, dst) -> None:
+def copy_kv_options(src, dst) -> None:
     """KvOptions' session, bypass and salt, by name (their numbers differ between the contracts)."""
     dst.SetInParent()
     if src.HasField("session"):
@@ -97,9 +98,6 @@ def _copy_kv_options(src, dst) -> None:
         dst.bypass_prefix_cache = src.bypass_prefix_cache
     if src.HasField("cache_salt"):
         dst.cache_salt = src.cache_salt
-
-
-# --------------------------------------------------------------------------- generation
 
 
 def generate_request(req: generation_pb2.GenerateRequest, *, priority: int | None, target_dp_rank: int | None,
@@ -112,7 +110,7 @@ def generate_request(req: generation_pb2.GenerateRequest, *, priority: int | Non
                           "left it unset, and is not taken for an image)")
     out = recast(req, rev1_generation_pb2.GenerateRequest, ("extra", "kv"))
     if req.HasField("kv"):
-        _copy_kv_options(req.kv, out.kv)
+        copy_kv_options(req.kv, out.kv)
     if target_dp_rank is not None:
         out.kv.data_parallel_rank = target_dp_rank
     if priority is not None:
@@ -145,13 +143,14 @@ def kv_events_error(err: rev1_error_pb2.EngineError) -> kv_pb2.SubscribeKvEvents
 
 DEFAULT_KV_CACHE_SPEC_KIND = "full_attention"  # vLLM's KVCacheSpecKind of a plain transformer's one group
 
-
 # --kv-block-hash-encoding: "int64" (8 big-endian bytes, as upstream's text lists) or "decimal_int64" (the
 # ASCII decimal of the same signed int64), the only encoding Dynamo's KV reader takes (kv.rs block_hash @0cc34d99)
 INT64, DECIMAL_INT64 = "int64", "decimal_int64"
-BLOCK_HASH_ENCODINGS = (INT64, DECIMAL_INT64)
-KV_BLOCK_HASH_ENCODING_ENV = "OPENENGINE_KV_BLOCK_HASH_ENCODING"  # the plugins' --kv-block-hash-encoding
 
+
+BLOCK_HASH_ENCODINGS = (INT64, DECIMAL_INT64)
+
+KV_BLOCK_HASH_ENCODING_ENV = "OPENENGINE_KV_BLOCK_HASH_ENCODING"  # the plugins' --kv-block-hash-encoding
 
 def kv_events_batch(response, block_hash_encoding: str = INT64):
     """A batch as v0.1.0 readers take it: vLLM (0.32) annotates every BlockStored with its KV cache
@@ -184,9 +183,6 @@ def _block_hashes(event) -> list:
     if kind == "block_removed":
         return list(event.block_removed.block_hashes)
     return []
-
-
-# --------------------------------------------------------------------------- discovery
 
 
 # revision 1's ModelInfo fields that v0.1.0 moved into ServerInfo.capacity
@@ -248,85 +244,3 @@ def health_response(resp: rev1_lifecycle_pb2.HealthResponse) -> lifecycle_pb2.He
                        message=c.message)
     return out
 
-
-# --------------------------------------------------------------------------- the client's direction
-# A revision-1-typed client on the v0.1.0 wire (``wire.v0_1.stub``): the same mapping, reversed.
-
-REVISION1_ERROR_CODE = {int(c): int(c) for c in ErrorCode if c <= ErrorCode.CANCELLED}
-REVISION1_ERROR_CODE[error_pb2.ERROR_CODE_INTERNAL] = int(ErrorCode.INTERNAL)
-REVISION1_HEALTH_STATE = {lifecycle_pb2.HEALTH_STATE_UNSPECIFIED: int(HealthState.UNSPECIFIED),
-                          lifecycle_pb2.HEALTH_STATE_STARTING: int(HealthState.STARTING),
-                          lifecycle_pb2.HEALTH_STATE_READY: int(HealthState.READY),
-                          lifecycle_pb2.HEALTH_STATE_DEGRADED: int(HealthState.DEGRADED),
-                          lifecycle_pb2.HEALTH_STATE_NOT_READY: int(HealthState.NOT_READY)}
-
-
-def v0_1_generate_request(req: rev1_generation_pb2.GenerateRequest
-                          ) -> tuple[generation_pb2.GenerateRequest, list[tuple[str, str]]]:
-    """A revision-1 request as v0.1.0 sends it: the body, and the gRPC metadata for priority, the DP
-    target and revision 1's ``metadata`` map (application keys)."""
-    out = recast(req, generation_pb2.GenerateRequest, ("priority", "metadata", "kv"))
-    metadata = [(key, value) for key, value in sorted(req.metadata.items())]
-    if req.HasField("priority"):
-        metadata.append(("openengine-priority", str(req.priority)))
-    if req.HasField("kv"):
-        _copy_kv_options(req.kv, out.kv)
-        if req.kv.HasField("data_parallel_rank"):
-            metadata.append(("openengine-target-dp-rank", str(req.kv.data_parallel_rank)))
-    return out, metadata
-
-
-def revision1_error(err: error_pb2.EngineError) -> rev1_error_pb2.EngineError:
-    return rev1_error_pb2.EngineError(code=REVISION1_ERROR_CODE.get(err.code, int(ErrorCode.UNSPECIFIED)),
-                                      message=err.message, retryable=err.retryable)
-
-
-def revision1_error_trailer(value: bytes) -> bytes:
-    return revision1_error(error_pb2.EngineError.FromString(value)).SerializeToString()
-
-
-def revision1_generate_response(raw: bytes) -> rev1_generation_pb2.GenerateResponse:
-    """v0.1.0 GenerateResponse bytes as revision 1's message (only an error event is re-encoded)."""
-    resp = rev1_generation_pb2.GenerateResponse.FromString(raw)
-    if resp.HasField("error"):
-        v01 = generation_pb2.GenerateResponse.FromString(raw)
-        resp.error.CopyFrom(revision1_error(v01.error))
-    return resp
-
-
-def revision1_engine_info(info: server_pb2.ServerInfo) -> engine_pb2.EngineInfo:
-    out = engine_pb2.EngineInfo(
-        engine_name=info.engine_name, engine_version=info.engine_version, role=info.engine_role,
-        instance_id=info.instance_id, supported_models=info.supported_models,
-        schema_revision=info.schema_revision, minimum_client_revision=info.minimum_client_revision,
-        schema_release=info.schema_release)
-    out.parallelism.CopyFrom(recast(info.parallelism, engine_pb2.ParallelismInfo, ("decode_context_parallel_size",)))
-    out.kv_connector.CopyFrom(recast(info.kv_connector, rev1_kv_pb2.KvConnectorInfo, ("schema_version",)))
-    if info.kv_connector.HasField("schema_version"):
-        out.kv_connector.schema_version = info.kv_connector.schema_version
-    return out
-
-
-def revision1_model_info(mi: model_pb2.ModelInfo, capacity: server_pb2.DeploymentCapacity | None
-                         ) -> rev1_model_pb2.ModelInfo:
-    out = recast(mi, rev1_model_pb2.ModelInfo, ("extra",))
-    if capacity is not None:  # v0.1.0 moved these four to ServerInfo.capacity
-        for name in CAPACITY_FIELDS:
-            if capacity.HasField(name):
-                setattr(out, name, getattr(capacity, name))
-    return out
-
-
-def revision1_load_info(load: server_pb2.LoadInfo) -> rev1_observability_pb2.LoadInfo:
-    out = recast(load, rev1_observability_pb2.LoadInfo, ("attributes",))
-    values = json_format.MessageToDict(load.attributes)
-    out.attributes.update({k: attribute_text(int(v) if isinstance(v, float) and v.is_integer() else v)
-                           for k, v in values.items()})
-    return out
-
-
-def revision1_health(resp: lifecycle_pb2.HealthResponse) -> rev1_lifecycle_pb2.HealthResponse:
-    out = rev1_lifecycle_pb2.HealthResponse(state=REVISION1_HEALTH_STATE.get(resp.state, 0))
-    for c in resp.checks:
-        out.checks.add(name=c.name, state=REVISION1_HEALTH_STATE.get(c.state, 0), message=c.message)
-    return out
