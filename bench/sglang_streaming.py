@@ -2,9 +2,9 @@
 
   limit        in-process ``Engine.async_generate(stream=True)``: no transport at all
   ours         ``python -m openengine_adapters.sglang`` over gRPC at its defaults (adaptive
-               coalescing on, grouping only above its message budget)
+               coalescing on, grouping only while its event loop is busy)
   ours-nocoal  the same with ``--coalesce-max-delay-ms 0``
-  ours-grouped the same with ``--coalesce-message-budget 1``: always grouping
+  ours-grouped the same with ``--coalesce-loop-cpu 0``: always grouping
   sglang-http  SGLang's own HTTP server (``python -m sglang.launch_server``), ``/generate`` streamed
 
 at 1, 16, 64 and 256 concurrent streams, then the ratios of ours to each. Run it in the `sglang`

@@ -141,8 +141,8 @@ def closer(proc, reader, channel):
 
 
 # our sidecar three ways: at its defaults (adaptive coalescing), coalescing off, and always grouping
-# (a message budget of one per second: every stream holds its tokens for the whole max delay)
-OURS = {"ours": [], "ours-nocoal": ["--coalesce-max-delay-ms", "0"], "ours-grouped": ["--coalesce-message-budget", "1"]}
+# (a loop-CPU threshold of 0: every stream holds its tokens for the whole max delay)
+OURS = {"ours": [], "ours-nocoal": ["--coalesce-max-delay-ms", "0"], "ours-grouped": ["--coalesce-loop-cpu", "0"]}
 
 
 async def openengine_target(engine: str, flags: list[str], tokens: int, name: str = "ours", *,

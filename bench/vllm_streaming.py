@@ -2,9 +2,9 @@
 
   limit        in-process ``AsyncLLM.generate`` (DELTA outputs): no transport at all
   ours         ``python -m openengine_adapters.vllm`` over gRPC (openengine.v1 Generate) at its
-               defaults: adaptive coalescing on, grouping only above its message budget
+               defaults: adaptive coalescing on, grouping only while its event loop is busy
   ours-nocoal  the same with ``--coalesce-max-delay-ms 0``: one message per engine delta
-  ours-grouped the same with ``--coalesce-message-budget 1``: always grouping (every stream sends
+  ours-grouped the same with ``--coalesce-loop-cpu 0``: always grouping (every stream sends
                at the policy's ticks, 20 ms apart), to show what grouping itself buys and costs
   vllm-grpc    vLLM's own gRPC server (``python -m vllm.entrypoints.launchers.grpc_server``,
                needs ``pip install smg-grpc-servicer``)

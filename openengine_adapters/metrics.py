@@ -14,6 +14,8 @@ depend on; it is imported only when metrics are asked for.
 - ``openengine_finished_request_ids``: finished ids remembered for Abort (bounded: ``--finished-id-memory``);
 - ``openengine_draining``: 1 once the server stops accepting work;
 - ``openengine_coalesced_messages_total``: token messages saved by adaptive coalescing;
+- ``openengine_event_loop_cpu_share`` / ``openengine_coalesce_spacing_seconds``: what the grouping policy
+  read last (the share of a core the server's event loop used) and the spacing it set (0: ungrouped);
 - ``openengine_stalled_streams_ended_total``: streams the stall watchdog ended (``core.watchdog``);
 - ``openengine_engine_hung``: 1 while the engine is hung or dead;
 - ``openengine_priority_ignored_total`` / ``openengine_options_ignored_total{option}``: v0.1.0 requests
@@ -118,16 +120,22 @@ class _Ignored:
 
 
 class _Coalesced:
-    """``openengine_coalesced_messages_total``, read from the coalescer when scraped."""
+    """``openengine_coalesced_messages_total`` and the policy's last reading, from the coalescer when scraped."""
 
     def __init__(self, coalescer) -> None:
         self.coalescer = coalescer
 
     def collect(self):
-        from prometheus_client.core import CounterMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         yield CounterMetricFamily("openengine_coalesced_messages", "Token messages saved by adaptive coalescing",
                                   value=self.coalescer.messages_saved)
+        yield GaugeMetricFamily("openengine_event_loop_cpu_share",
+                                "Share of a core the server's event loop used, as adaptive coalescing last read it",
+                                value=self.coalescer.cpu_share)
+        yield GaugeMetricFamily("openengine_coalesce_spacing_seconds",
+                                "How far apart one stream's token messages are now (0: every token at once)",
+                                value=self.coalescer.spacing)
 
 
 def _code(context) -> str:

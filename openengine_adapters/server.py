@@ -115,7 +115,7 @@ class OpenEngineServer:
             advertise_host=resolve_advertise_host(config.host, config.advertise_host),
             probe_timeout_s=config.probe_timeout_s,
             coalesce_max_delay_ms=config.coalesce_max_delay_ms,
-            coalesce_message_budget=config.coalesce_message_budget,
+            coalesce_loop_cpu=config.coalesce_loop_cpu,
             lora_root=config.security.lora_root,
             max_subscriptions=config.max_subscriptions,
             stall_timeout_s=config.stall_timeout_s,

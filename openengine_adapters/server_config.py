@@ -58,7 +58,7 @@ class ServerConfig(BaseModel):
     surfaces: tuple[str, ...] = SURFACES
     # adaptive coalescing (core.coalescing, README "Performance"); a max delay of 0 turns it off
     coalesce_max_delay_ms: float = Field(20.0, ge=0)
-    coalesce_message_budget: float = Field(10000.0, gt=0)  # token messages per second before grouping
+    coalesce_loop_cpu: float = Field(0.5, ge=0, le=1)  # share of a core the event loop uses before grouping
     max_subscriptions: int | None = Field(64, gt=0)  # open KV + runtime event subscriptions
     # connections (gRPC core's keepalive and idle limits) and the watchdogs (core.watchdog); 0 = off
     keepalive_time_s: float = Field(60.0, ge=0)  # ping an idle connection this often (gRPC's default: 2 h)
@@ -137,11 +137,11 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     numeric("--drain-grace-s", "on SIGTERM, how long running requests may finish before abort")
     numeric("--health-interval-s", "how often grpc.health.v1 is refreshed from the engine")
     numeric("--coalesce-max-delay-ms",
-            "adaptive coalescing: above the message budget a stream's token deltas may wait at most this long "
-            "to share one message (first tokens and finishes never wait); 0 = off")
-    numeric("--coalesce-message-budget",
-            "token messages per second, over all streams, that the server sends one per engine step before it "
-            "starts grouping")
+            "adaptive coalescing: while the server's event loop is busy a stream's token deltas may wait at most "
+            "this long to share one message (first tokens and finishes never wait); 0 = off")
+    numeric("--coalesce-loop-cpu",
+            "share of a core the server's event loop uses (or, half of it, while its timer runs late) before "
+            "streams start grouping their tokens; 0 = always group")
     numeric("--metrics-port", "serve Prometheus metrics (the engine's and ours) on this HTTP port")
     numeric("--max-subscriptions",
             "open KV and runtime event subscriptions at once; beyond it RESOURCE_EXHAUSTED with the retry hint")
@@ -185,7 +185,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
 NUMERIC_SETTINGS = (
     "max_subscriptions", "drain_grace_s", "retry_after_ms", "keepalive_time_s", "keepalive_timeout_s",
     "keepalive_min_client_interval_s", "max_connection_idle_s", "max_connection_age_s", "stall_timeout_s",
-    "progress_timeout_s", "coalesce_max_delay_ms", "coalesce_message_budget", "finished_id_memory")
+    "progress_timeout_s", "coalesce_max_delay_ms", "coalesce_loop_cpu", "finished_id_memory")
 
 
 # the switches a flag and a plugin variable set alike (a variable takes 1/0, true/false, yes/no, on/off)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import time
 
 import pytest
 from helpers import collect, gen_request
 from stream_contract import check_generate_stream
 
-from openengine_adapters.core.coalescing import MIN_TICK_S, MessageBudget, coalesced, merge
+from openengine_adapters.core.coalescing import HELD_MAX, LAG_S, MIN_TICK_S, GroupingPolicy, coalesced, merge
 from openengine_adapters.server_config import add_server_args, plugin_server_config, server_config_from_args
 from openengine_adapters.v1 import generation_pb2 as g
 
@@ -35,19 +36,19 @@ def finished(index: int) -> g.GenerateResponse:
     return r
 
 
-class Fixed(MessageBudget):
-    """A policy whose spacing is set by the test (the engine over the budget or not); it ticks
-    while a test's ``coalesced`` runs."""
+class Fixed(GroupingPolicy):
+    """A policy whose spacing is set by the test (the loop busy or not); it ticks while a test's
+    ``coalesced`` runs."""
 
     def __init__(self, spacing: float) -> None:
-        super().__init__(max_delay_s=spacing, budget_per_s=1.0, chunks=lambda: 0, streams=lambda: 1)
+        super().__init__(max_delay_s=spacing, loop_cpu_share=0.5)
         self.spacing = spacing
 
-    def sample(self, now: float) -> None:
+    def sample(self, now: float, lag_s: float = 0.0) -> None:
         pass
 
 
-async def regrouped(source, policy: MessageBudget, timed: bool = False) -> list:
+async def regrouped(source, policy: GroupingPolicy, timed: bool = False) -> list:
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     policy.start()
@@ -174,27 +175,52 @@ async def test_closing_a_holding_stream_stops_the_engine_read():
     assert state["closed"]
 
 
-def test_budget_sets_the_spacing_from_the_engine_chunk_rate():
-    counts = {"chunks": 0, "streams": 64}
-    policy = MessageBudget(max_delay_s=0.02, budget_per_s=5000, chunks=lambda: counts["chunks"],
-                           streams=lambda: counts["streams"], smoothing=1.0)
-    policy.sample(0.0)
-    counts["chunks"] = 400  # 4,000 chunks/s: under the budget, nothing is held
-    policy.sample(0.1)
-    assert policy.rate == pytest.approx(4000) and policy.spacing == 0.0
-    counts["chunks"] += 800  # 8,000 chunks/s over 64 streams: each stream sends every 64/5000 s
-    policy.sample(0.2)
-    assert policy.spacing == pytest.approx(64 / 5000)
-    counts["streams"] = 256  # 256/5000 s would exceed the bound on any token's extra delay
-    counts["chunks"] += 800
-    policy.sample(0.3)
-    assert policy.spacing == 0.02
-    policy.sample(0.4)  # the engine went quiet: at once again
-    assert policy.spacing == 0.0
-    counts["streams"] = 2  # two streams alone over the budget: 2/5000 s would tick 2,500 times a second
-    counts["chunks"] += 1200
-    policy.sample(0.5)
-    assert policy.rate > 5000 and policy.spacing == MIN_TICK_S
+def test_the_loops_own_load_sets_the_spacing():
+    """The loop's CPU share, read from an injected clock: at 20% of a core nothing is held; at 60% the
+    spacing doubles each reading up to the bound; at 40% (between half the threshold and it) it holds;
+    at 10% it halves back to sending at once."""
+    cpu = {"s": 0.0}
+    policy = GroupingPolicy(max_delay_s=0.02, loop_cpu_share=0.5, cpu_clock=lambda: cpu["s"])
+    now = 0.0
+
+    def reading(share: float, lag_s: float = 0.0) -> float:
+        nonlocal now
+        now += 0.1
+        cpu["s"] += share * 0.1
+        policy.sample(now, lag_s)
+        return policy.spacing
+
+    policy.sample(now)
+    assert reading(0.2) == 0.0 and policy.cpu_share == pytest.approx(0.2)
+    assert [reading(0.6) for _ in range(7)] == pytest.approx([0.001, 0.002, 0.004, 0.008, 0.016, 0.02, 0.02])
+    assert reading(0.4) == 0.02  # between half the threshold and the threshold: held
+    assert [reading(0.1) for _ in range(6)] == pytest.approx([0.01, 0.005, 0.0025, 0.00125, 0.0, 0.0])
+    # lag counts only while the loop is at least half busy: late but idle is a loop kept off the CPU
+    assert reading(0.1, lag_s=LAG_S * 4) == 0.0
+    assert reading(0.3, lag_s=LAG_S) == MIN_TICK_S
+    always = GroupingPolicy(max_delay_s=0.02, loop_cpu_share=0.0, cpu_clock=lambda: 0.0)
+    always.sample(0.0)  # the first call only starts the clock
+    assert always.spacing == 0.0
+    always.sample(0.1)
+    assert always.spacing == MIN_TICK_S  # a threshold of 0 always groups
+
+
+async def test_the_timer_measures_the_loops_lag():
+    """A loop busy for 30 ms in one callback: the policy's timer wakes that late, and the reading
+    after it sees the lag (and the CPU the callback used)."""
+    seen = []
+    policy = GroupingPolicy(max_delay_s=0.02, loop_cpu_share=0.9, interval_s=0.01)
+    policy.sample = lambda now, lag_s=0.0: seen.append((policy.cpu_clock(), lag_s))
+    policy.start()
+    try:
+        await asyncio.sleep(0.02)
+        end = time.monotonic() + 0.03
+        while time.monotonic() < end:  # the loop's thread busy: no callback runs
+            pass
+        await asyncio.sleep(0.03)
+    finally:
+        await policy.stop()
+    assert max(lag for _, lag in seen) >= 0.015, seen
 
 
 @pytest.mark.parametrize("outputs", [1, 3])
@@ -205,7 +231,7 @@ async def test_end_to_end_same_tokens_fewer_messages(serve, monkeypatch, outputs
     async with serve({"coalesce_max_delay_ms": 0}) as h:
         plain = check_generate_stream(request, await collect(h.stub, request, timeout=30))
     async with serve({"coalesce_max_delay_ms": 30}) as h:
-        monkeypatch.setattr(h.service.coalescer, "sample", lambda now: None)  # over the budget, as set:
+        monkeypatch.setattr(h.service.coalescer, "sample", lambda now, lag_s=0.0: None)  # busy, as set:
         h.service.coalescer.spacing = 0.03
         grouped = check_generate_stream(request, await collect(h.stub, request, timeout=30))
     assert grouped.token_ids == plain.token_ids and grouped.text == plain.text
@@ -215,20 +241,20 @@ async def test_end_to_end_same_tokens_fewer_messages(serve, monkeypatch, outputs
     assert grouped.messages < plain.messages * 0.6, (grouped.messages, plain.messages)
 
 
-async def test_on_by_default_and_idle_under_the_budget(oe, serve):
-    assert oe.service.coalescer.max_delay_s == 0.02 and oe.service.coalescer.budget_per_s == 10000
+async def test_on_by_default_and_idle_while_the_loop_is_not_busy(oe, serve):
+    assert oe.service.coalescer.max_delay_s == 0.02 and oe.service.coalescer.loop_cpu_share == 0.5
     out = await collect(oe.stub, gen_request("hi", stopping={"max_tokens": 5}), )
     assert [r.WhichOneof("event") for r in out] == ["token"] * 5 + ["finished"]
     async with serve({"coalesce_max_delay_ms": 0}) as h:
         assert h.service.coalescer is None
 
 
-async def test_streams_group_their_tokens_once_the_engine_outruns_the_budget(serve):
-    """Real sampling: eight streams of a 2 ms-per-step engine (~4,000 chunks/s) over a budget of
-    200 messages/s: each stream's later messages carry several tokens, no token waits more than
-    the 30 ms bound, and the stream contract holds."""
+async def test_streams_group_their_tokens_while_the_loop_is_busy(serve):
+    """The policy's own timer, readings and ticks: eight streams of a 2 ms-per-step engine with a
+    threshold of 0 (the loop always busy): each stream's later messages carry several tokens, no token
+    waits more than the 30 ms bound, and the stream contract holds."""
     request = gen_request("hello", stopping={"max_tokens": 120}, metadata={"fake.step_delay_ms": "2"})
-    async with serve({"coalesce_max_delay_ms": 30, "coalesce_message_budget": 200}) as h:
+    async with serve({"coalesce_max_delay_ms": 30, "coalesce_loop_cpu": 0}) as h:
         loop = asyncio.get_running_loop()
 
         async def one():
@@ -252,10 +278,35 @@ def test_launchers_and_plugins_take_the_coalescing_settings(monkeypatch):
     parser = argparse.ArgumentParser()
     add_server_args(parser)
     config = server_config_from_args(parser.parse_args(["--coalesce-max-delay-ms", "0",
-                                                        "--coalesce-message-budget", "2500"]))
-    assert (config.coalesce_max_delay_ms, config.coalesce_message_budget) == (0.0, 2500.0)
+                                                        "--coalesce-loop-cpu", "0.25"]))
+    assert (config.coalesce_max_delay_ms, config.coalesce_loop_cpu) == (0.0, 0.25)
+    with pytest.raises(SystemExit):  # more than a whole core: refused when parsed
+        server_config_from_args(parser.parse_args(["--coalesce-loop-cpu", "2"]))
     monkeypatch.setenv("OE_TEST_PORT", "0")
     monkeypatch.setenv("OPENENGINE_COALESCE_MAX_DELAY_MS", "35")
-    monkeypatch.setenv("OPENENGINE_COALESCE_MESSAGE_BUDGET", "4000")
+    monkeypatch.setenv("OPENENGINE_COALESCE_LOOP_CPU", "0.75")
     config = plugin_server_config("OE_TEST_PORT", "OE_TEST_HOST", "OE_TEST_MAX")
-    assert (config.coalesce_max_delay_ms, config.coalesce_message_budget) == (35.0, 4000.0)
+    assert (config.coalesce_max_delay_ms, config.coalesce_loop_cpu) == (35.0, 0.75)
+
+
+async def test_a_stream_whose_client_does_not_read_holds_the_engine_back():
+    """Held responses are bounded: at HELD_MAX they go, and the engine is read on only once the
+    consumer took them, so a client that reads nothing holds the engine back as it does ungrouped
+    (the reader did not stop before: a frozen client's stream read the engine's whole output)."""
+    pulled = {"n": 0}
+
+    async def engine():
+        yield [token(0, 1)]
+        while True:
+            pulled["n"] += 1
+            yield [token(0, 2)]
+            await asyncio.sleep(0)
+
+    policy = Fixed(10.0)  # never ticks: only HELD_MAX makes held tokens go
+    stream = coalesced(engine(), policy)
+    assert (await stream.__anext__())[0].token.tokens[0].token_id == 1  # the first token at once
+    second = await asyncio.wait_for(stream.__anext__(), 5)
+    assert len(second[0].token.tokens) == HELD_MAX
+    await asyncio.sleep(0.2)  # the consumer takes nothing more: neither does the reader
+    assert pulled["n"] <= HELD_MAX + 2, pulled
+    await stream.aclose()

@@ -59,6 +59,8 @@ async def test_metrics_count_requests_tokens_and_refusals(sidecar):
     assert m[f"openengine_in_flight_requests{{{generate}}}"] == 0
     assert m["openengine_admitted_requests"] == 0 and m["openengine_draining"] == 0
     assert "openengine_coalesced_messages_total" in m
+    assert 0 <= m["openengine_event_loop_cpu_share"] <= 2  # what the grouping policy read (can exceed 1 briefly)
+    assert m["openengine_coalesce_spacing_seconds"] == 0  # three tiny requests: the loop is not busy
     assert any(k.startswith("process_cpu_seconds_total") for k in m), "the process's own metrics are served too"
 
 

@@ -1,77 +1,83 @@
-"""Adaptive coalescing: fewer, fuller GenerateResponse messages only when the message rate is high.
+"""Adaptive coalescing: fewer, fuller GenerateResponse messages only while the front end is the cost.
 
 One streamed gRPC message costs tens of microseconds of server CPU and as much again in the client,
-whatever it holds (README "Performance"). A small model at high concurrency hands the front end a
+whatever it holds (docs/performance.md). A small model at high concurrency hands the front end a
 token per stream per engine step, faster than one Python process can send one message each, and on
 a host where the engine, the server and the client share cores every message also slows the engine.
 
-The policy is a message budget (``MessageBudget``, one per server):
+The policy reads the server's own load (``GroupingPolicy``, one per server), not a message rate: a
+fixed rate is wrong on every machine but one. Every ``interval_s`` it reads
 
-- one timer samples the rate at which the engine hands token chunks to the streams (the messages
-  that would go out if nothing were grouped); while it stays at or under ``budget_per_s`` nothing
-  is held, and every delta goes out at once, exactly as without coalescing;
-- above it, each stream sends at most one token message per ``spacing`` = streams in flight /
-  budget (so all streams together stay near the budget), never more than ``max_delay_s``: the
-  bound on the extra delay any token sees, and never less than ``MIN_TICK_S``, so a few very
-  fast streams cannot make the timer wake the loop thousands of times a second;
+- the CPU time of the event loop's thread (``time.thread_time`` on the loop: every stream's Python
+  work runs there, the engine's output handling in the same process included), as a share of a core;
+- how late its own timer woke (the loop's lag: what a backlog of writes and callbacks shows up as).
+
+The loop is busy when it uses ``loop_cpu_share`` of a core or more (``--coalesce-loop-cpu``, default
+0.5; 0 = always), or when its timer wakes ``LAG_S`` late while it uses at least half of that (it is
+behind its own work, not merely kept off the CPU while idle). While busy the spacing doubles at every
+reading, from ``MIN_TICK_S`` up to ``max_delay_s``, the bound on any token's extra delay; between
+half the threshold and the threshold it holds; under half it halves, back to sending every token at
+once. Each stream then sends at most one token message per ``spacing``:
+
 - a finish, an error, a prefill handoff, the prompt event and the first token of each output are
   never held: they flush what is pending and go out at once;
-- while a stream waits for its next send time, a reader task keeps taking the engine's chunks, so
-  the rate the budget sees is the engine's own, grouping cannot feed back into it, and a finish is
-  seen the moment it comes; what gathered is merged token by token in order, so ids, text,
-  logprobs and candidates are exactly those of the uncoalesced stream, only grouped;
-- it composes with an engine's own ``--stream-interval``: that thins what the engine emits (and so
-  the rate the budget sees), this thins what is sent, only above the budget.
+- while a stream waits for its next send time, a reader task keeps taking the engine's chunks, so a
+  finish is seen the moment it comes; what gathered is merged token by token in order, so ids, text,
+  logprobs and candidates are exactly those of the uncoalesced stream, only grouped. At most
+  ``HELD_MAX`` responses are held: then they go at once and the engine is read on only once they
+  are taken, so a client that does not read holds the engine back as it does ungrouped;
+- it composes with an engine's own ``--stream-interval``: that thins what the engine emits, this
+  thins what is sent, only while the loop is busy.
 
-A stream pays nothing for the policy until the budget is first exceeded while it runs: it reads
-the engine directly and checks one attribute per chunk.
+A stream pays nothing for the policy while the loop is not busy: it reads the engine directly and
+checks one attribute per chunk.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 
 from openengine_adapters.v1 import generation_pb2
 
 GenerateResponse = generation_pb2.GenerateResponse
 
-MIN_TICK_S = 0.001  # the shortest spacing: 1,000 ticks/s at most, whatever the streams and budget
+MIN_TICK_S = 0.001  # the shortest spacing: 1,000 ticks/s at most
+LAG_S = 0.005  # a timer this late, with the loop at least half busy: behind its own work
+HELD_MAX = 256  # responses one stream holds at most before they go, whatever the spacing
 
 
-class MessageBudget:
-    """How far apart one stream's token messages must be now (``spacing``; 0 = send at once).
+class GroupingPolicy:
+    """How far apart one stream's token messages must be now (``spacing``; 0 = send at once), from the
+    event loop's own load. ``cpu_clock`` is the loop thread's CPU time (read on the loop)."""
 
-    ``chunks`` counts the engine chunks delivered to all streams so far, ``streams`` the requests
-    in flight; both are read once per ``interval_s``.
-    """
-
-    def __init__(self, max_delay_s: float, budget_per_s: float, chunks: Callable[[], int],
-                 streams: Callable[[], int], interval_s: float = 0.05, smoothing: float = 0.5) -> None:
+    def __init__(self, max_delay_s: float, loop_cpu_share: float, interval_s: float = 0.05,
+                 cpu_clock: Callable[[], float] = time.thread_time) -> None:
         self.max_delay_s = max_delay_s
-        self.budget_per_s = budget_per_s
-        self.chunks = chunks
-        self.streams = streams
+        self.loop_cpu_share = loop_cpu_share
         self.interval_s = interval_s
-        self.smoothing = smoothing
-        self.rate = 0.0  # engine chunks per second, smoothed
+        self.cpu_clock = cpu_clock
+        self.cpu_share = 0.0  # of a core, over the last interval (the metrics show it)
         self.spacing = 0.0
         self.messages_saved = 0  # token messages merged away (the metrics show it)
-        self._last: tuple[float, int] | None = None
+        self._last: tuple[float, float] | None = None
         self._waiting: list[asyncio.Event] = []  # streams holding tokens until the next tick
         self._task: asyncio.Task | None = None
 
-    def sample(self, now: float) -> None:
-        """Update the chunk rate and the spacing from the counters at time ``now``."""
-        count = self.chunks()
-        if self._last is not None and now > self._last[0]:
-            rate = (count - self._last[1]) / (now - self._last[0])
-            self.rate += self.smoothing * (rate - self.rate)
-        self._last = (now, count)
-        if self.rate <= self.budget_per_s:
-            self.spacing = 0.0
-        else:
-            self.spacing = min(self.max_delay_s, max(MIN_TICK_S, self.streams() / self.budget_per_s))
+    def sample(self, now: float, lag_s: float = 0.0) -> None:
+        """Update the loop's CPU share and the spacing at time ``now``; ``lag_s``: how late the timer
+        woke at worst since the last reading."""
+        cpu = self.cpu_clock()
+        last, self._last = self._last, (now, cpu)
+        if last is None or now <= last[0]:
+            return  # the first reading starts the clock
+        self.cpu_share = (cpu - last[1]) / (now - last[0])
+        threshold, share = self.loop_cpu_share, self.cpu_share
+        if share >= threshold or (lag_s >= LAG_S and share >= threshold / 2):
+            self.spacing = min(self.max_delay_s, max(MIN_TICK_S, self.spacing * 2))
+        elif share < threshold / 2:
+            self.spacing = self.spacing / 2 if self.spacing / 2 >= MIN_TICK_S else 0.0
 
     def wait_for_tick(self, flush: asyncio.Event) -> None:
         """Set ``flush`` at the next tick (or at once when nothing is held any more)."""
@@ -95,18 +101,22 @@ class MessageBudget:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        self.spacing = 0.0
         self.tick()
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        next_sample = 0.0
+        self.sample(loop.time())
+        next_sample, lag = loop.time() + self.interval_s, 0.0
         while True:
-            now = loop.time()
-            if now >= next_sample:
-                self.sample(now)
-                next_sample = now + self.interval_s
-            self.tick()
+            due = loop.time() + (self.spacing or self.interval_s)
             await asyncio.sleep(self.spacing or self.interval_s)
+            now = loop.time()
+            lag = max(lag, now - due)
+            if now >= next_sample:
+                self.sample(now, lag)
+                next_sample, lag = now + self.interval_s, 0.0
+            self.tick()
 
 
 def _urgent(batch: list[GenerateResponse], started: set[int]) -> bool:
@@ -124,24 +134,30 @@ def _urgent(batch: list[GenerateResponse], started: set[int]) -> bool:
 
 def merge(held: list[GenerateResponse]) -> list[GenerateResponse]:
     """Held responses with each output's token deltas joined into its first one (tokens and text
-    in order). Token events are output-scoped, so outputs may interleave differently; within an
-    output the order is kept, and its finish still follows its tokens."""
+    in order; the text joined once, not copied per delta). Token events are output-scoped, so
+    outputs may interleave differently; within an output the order is kept, and its finish still
+    follows its tokens."""
     out: list[GenerateResponse] = []
     first: dict[int, GenerateResponse] = {}
+    texts: dict[int, list[str]] = {}
     for resp in held:
         if resp.WhichOneof("event") == "token":
             index = resp.token.output_index
             head = first.get(index)
             if head is not None:
                 head.token.tokens.extend(resp.token.tokens)
-                head.token.text += resp.token.text
+                texts[index].append(resp.token.text)
                 continue
             first[index] = resp
+            texts[index] = [resp.token.text]
         out.append(resp)
+    for index, parts in texts.items():
+        if len(parts) > 1:
+            first[index].token.text = "".join(parts)
     return out
 
 
-async def coalesced(responses: AsyncIterator[list[GenerateResponse]], policy: MessageBudget
+async def coalesced(responses: AsyncIterator[list[GenerateResponse]], policy: GroupingPolicy
                     ) -> AsyncIterator[list[GenerateResponse]]:
     """``responses`` (one list per engine chunk) regrouped by ``policy``: lists to send now, in order.
 
@@ -161,7 +177,8 @@ async def coalesced(responses: AsyncIterator[list[GenerateResponse]], policy: Me
 
     held: list[GenerateResponse] = []
     arrived = asyncio.Event()  # anything new (or the end)
-    flush = asyncio.Event()  # the tick, an urgent response or the end: send what is held
+    flush = asyncio.Event()  # the tick, an urgent response, HELD_MAX or the end: send what is held
+    taken = asyncio.Event()  # the sender took what was held
     state: dict = {"done": False, "error": None}
 
     async def read() -> None:
@@ -169,9 +186,13 @@ async def coalesced(responses: AsyncIterator[list[GenerateResponse]], policy: Me
             while True:
                 batch = await iterator.__anext__()
                 held.extend(batch)
-                if _urgent(batch, started):
+                full = len(held) >= HELD_MAX
+                if _urgent(batch, started) or full:
                     flush.set()
                 arrived.set()
+                if full:  # the engine is read on once the client has taken these
+                    taken.clear()
+                    await taken.wait()
         except StopAsyncIteration:
             pass
         except Exception as exc:  # the sender raises it after what was read is sent
@@ -197,6 +218,7 @@ async def coalesced(responses: AsyncIterator[list[GenerateResponse]], policy: Me
                 merged = merge(out)
                 policy.messages_saved += len(out) - len(merged)
                 yield merged
+                taken.set()  # written: the reader may take more
             elif state["done"]:
                 if state["error"] is not None:
                     raise state["error"]

@@ -18,7 +18,7 @@ import uuid
 
 from openengine_adapters.backend import EngineBackend
 from openengine_adapters.core.admission import Admission
-from openengine_adapters.core.coalescing import MessageBudget
+from openengine_adapters.core.coalescing import GroupingPolicy
 from openengine_adapters.core.control import ControlRpcs
 from openengine_adapters.core.discovery import DiscoveryRpcs
 from openengine_adapters.core.drain import Lifecycle
@@ -55,8 +55,7 @@ class EngineService(GenerationRpcs, TaskRpcs, ControlRpcs, LoraRpcs, Subscriptio
         self.health = HealthReporter(backend, self.lifecycle, self.identity.role,
                                      probe_timeout_s=options.probe_timeout_s)
         # adaptive coalescing of token messages under load (core.coalescing); None = off
-        self.coalescer = (MessageBudget(options.coalesce_max_delay_ms / 1000, options.coalesce_message_budget,
-                                        chunks=lambda: self.watchdog.progress, streams=lambda: len(self.registry))
+        self.coalescer = (GroupingPolicy(options.coalesce_max_delay_ms / 1000, options.coalesce_loop_cpu)
                           if options.coalesce_max_delay_ms > 0 else None)
         self._loras = {}
         self._lora_lock = asyncio.Lock()

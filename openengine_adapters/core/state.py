@@ -16,7 +16,7 @@ import grpc
 
 from openengine_adapters.backend import EngineBackend, EngineIdentity, LoraAdapterInfo
 from openengine_adapters.core.admission import Admission
-from openengine_adapters.core.coalescing import MessageBudget
+from openengine_adapters.core.coalescing import GroupingPolicy
 from openengine_adapters.core.drain import Lifecycle
 from openengine_adapters.core.health import HealthReporter
 from openengine_adapters.core.live_requests import LiveRequest, RequestRegistry
@@ -37,7 +37,7 @@ class ServiceOptions:
     advertise_host: str = "127.0.0.1"
     probe_timeout_s: float = 30.0
     coalesce_max_delay_ms: float = 0.0  # > 0 turns adaptive coalescing on (core.coalescing)
-    coalesce_message_budget: float = 10000.0  # token messages per second before streams group theirs
+    coalesce_loop_cpu: float = 0.5  # share of a core the event loop uses before streams group their tokens
     lora_root: str | None = None  # LoadLora takes only directories under it (None: any, loopback callers only)
     max_subscriptions: int | None = 64  # open KV + runtime event subscriptions; None = unlimited
     stall_timeout_s: float = 30.0  # a stream whose client takes no message for this long is ended; 0 = off
@@ -62,7 +62,7 @@ class CoreState:
     admission: Admission
     lifecycle: Lifecycle
     health: HealthReporter
-    coalescer: MessageBudget | None
+    coalescer: GroupingPolicy | None
     watchdog: Watchdog
     leniency: Leniency
     subscriptions: int  # open KV and runtime event streams (each costs every engine step)

@@ -131,7 +131,7 @@ def test_missing_model_path_is_said_before_the_engine_starts():
 
 
 @pytest.mark.parametrize("flag, value, rule", [
-    ("--coalesce-message-budget", "0", "input should be greater than 0"),
+    ("--coalesce-loop-cpu", "2", "input should be less than or equal to 1"),
     ("--coalesce-max-delay-ms", "-1", "input should be greater than or equal to 0"),
     ("--port", "70000", "input should be less than or equal to 65535"),
     ("--max-in-flight", "1.5", "input should be a valid integer, unable to parse string as an integer"),
