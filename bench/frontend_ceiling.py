@@ -23,7 +23,8 @@ SERVER = """
 import sys, uvloop
 sys.path.insert(0, {tests!r})
 from fake_backend import FakeBackend
-from openengine_adapters.server import add_server_args, run, server_config_from_args
+from openengine_adapters.server import run
+from openengine_adapters.server_config import add_server_args, server_config_from_args
 import argparse
 p = argparse.ArgumentParser(); add_server_args(p)
 uvloop.run(run(FakeBackend(), server_config_from_args(p.parse_args())))
