@@ -132,7 +132,9 @@ def draw_streaming(data: dict, out: str) -> None:
             ax.legend(fontsize=7, ncol=2 if len(ax.get_legend_handles_labels()[0]) > 6 else 1)
     model = f"{s['size']} model" if s.get("size") else s["model"]
     finish(fig, data, f"{data['bench']}: {model}, {s['tokens']}-token streams, {s['prompt_tokens']}-token prompt, "
-           f"{s['rounds']} interleaved rounds of {s['seconds']:g}-s windows (bars: lowest and highest round)", out)
+           f"{s['rounds']} interleaved rounds of {s['seconds']:g}-s windows (bars: lowest and highest round)"
+           + (f"\nengines pinned to CPU {s['pinned']['engine_cpus']}, servers and client to "
+              f"{s['pinned']['front_end_cpus']}" if s.get("pinned") else ""), out)
 
 
 def draw_floor(data: dict, out: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
 import shlex
@@ -221,6 +222,42 @@ def report(targets: list[Target], levels: list[int], rounds: int, model: str, to
         print(f"{c:>7} " + " ".join(f"{paired(a, b, c, attr):>26}" for a, b, attr in ratios))
 
 
+ENGINE_TITLES = ("VLLM::", "sglang::")  # how the engines title their processes (engine cores, workers, schedulers)
+
+
+def set_affinity(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` on ``cpus``, as ``taskset -a -p`` does (threads started later inherit)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except (ProcessLookupError, PermissionError):
+            pass  # a thread that ended meanwhile
+
+
+def pin_split(targets: list[Target]) -> dict:
+    """The engines on the first usable CPU, every front end (the servers' own processes and this
+    client) on the others: what our layer costs, seen apart from the CPU engine's busy-waiting."""
+    import psutil  # an engine dependency
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--pin needs at least two usable CPUs")
+    engine_cpus, front_cpus = {cpus[0]}, set(cpus[1:])
+    me = psutil.Process()
+    roots = [me] + [psutil.Process(t.server_pid) for t in targets if t.server_pid]
+    engines, fronts = set(), {p.pid for p in roots}
+    for root in roots:
+        for child in root.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                (engines if child.name().startswith(ENGINE_TITLES) else fronts).add(child.pid)
+    for pid in engines:
+        set_affinity(pid, engine_cpus)
+    for pid in fronts:
+        set_affinity(pid, front_cpus)
+    return {"engine_cpus": sorted(engine_cpus), "front_end_cpus": sorted(front_cpus),
+            "engine_processes": len(engines), "front_end_processes": len(fronts)}
+
+
 def parser(doc: str, makers: dict) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="a model directory (default: built from --size)")
@@ -232,6 +269,9 @@ def parser(doc: str, makers: dict) -> argparse.ArgumentParser:
     p.add_argument("--skip", nargs="*", default=[], choices=sorted(makers))
     p.add_argument("--stream-interval", type=int, default=1)
     p.add_argument("--smoke", action="store_true", help="one short round, limit and ours only (CI)")
+    p.add_argument("--pin", action="store_true",
+                   help="engine processes on the first usable CPU, the servers and this client on the others "
+                        "(taskset -a): what the front ends cost, apart from the CPU engine's busy-waiting")
     p.add_argument("--json", metavar="PATH", help="also write every round's figures, the machine, the versions, "
                    "the command and the date as JSON (bench/plot.py streaming draws it)")
     return p
@@ -285,6 +325,7 @@ async def run(args, makers: dict, optional: dict[str, str], flags: list[str], mo
         args.concurrency, args.rounds, args.seconds, args.tokens = [1, 4], 1, 0.5, 8
         args.skip = [k for k in makers if k not in ("limit", "ours")]
     targets: list[Target] = []
+    pinned = None
     try:
         for key, make in makers.items():
             if key in args.skip:
@@ -295,6 +336,9 @@ async def run(args, makers: dict, optional: dict[str, str], flags: list[str], mo
                 if key not in optional:
                     raise
                 print(f"{key} skipped: {optional[key]}", file=sys.stderr)
+        pinned = pin_split(targets) if args.pin else None
+        if pinned:
+            print(f"pinned: {pinned}", file=sys.stderr, flush=True)
         for r in range(args.rounds):
             for c in args.concurrency:
                 for i in range(len(targets)):
@@ -310,5 +354,6 @@ async def run(args, makers: dict, optional: dict[str, str], flags: list[str], mo
         settings = {"model": model, "size": None if args.model else getattr(args, "size", None),
                     "tokens": args.tokens, "prompt_tokens": len(PROMPT_IDS), "stream_interval": args.stream_interval,
                     "rounds": args.rounds, "seconds": args.seconds, "concurrency": args.concurrency,
-                    "ours_extra_flags": os.environ.get("OPENENGINE_BENCH_OURS_FLAGS", ""), **(settings or {})}
+                    "ours_extra_flags": os.environ.get("OPENENGINE_BENCH_OURS_FLAGS", ""), "pinned": pinned,
+                    **(settings or {})}
         write_results(args.json, "streaming", settings, results(targets, args.concurrency, ratios))

@@ -1,5 +1,6 @@
 """bench/vllm_streaming.py and bench/frontend_ceiling.py --smoke: the benchmarks still run end to end
-(their figures mean nothing here), and --json writes the figures the table printed."""
+(their figures mean nothing here), --pin splits the engines from the front ends, and --json writes the
+figures the table printed."""
 
 from __future__ import annotations
 
@@ -11,11 +12,15 @@ from launch_helpers import ROOT, assert_bench_json_matches_table, bench_smoke
 
 
 def test_streaming_bench_smoke(tmp_path):
-    table, rows = bench_smoke("vllm_streaming.py", 600, "--json", str(tmp_path / "r.json"))
+    table, rows = bench_smoke("vllm_streaming.py", 600, "--pin", "--json", str(tmp_path / "r.json"))
     assert "ratios: median of the per-round ratios" in table, table
     assert {(r[0], r[1]) for r in rows} == {("limit", "1"), ("limit", "4"), ("ours", "1"), ("ours", "4")}, table
     data = assert_bench_json_matches_table(tmp_path / "r.json", rows)
     assert data["targets"]["limit"]["server_process"] is False and data["settings"]["size"] == "tiny"
+    pinned = data["settings"]["pinned"]  # --pin: both engine cores on one CPU, the front ends on the other
+    assert len(pinned["engine_cpus"]) == 1 and pinned["front_end_cpus"], pinned
+    assert not set(pinned["engine_cpus"]) & set(pinned["front_end_cpus"]), pinned
+    assert pinned["engine_processes"] >= 2 and pinned["front_end_processes"] >= 2, pinned
     assert {(r["of"], r["to"], r["streams"]) for r in data["ratios"] if r["metric"] == "tps"} >= {
         ("ours", "limit", 1), ("ours", "limit", 4)}, data["ratios"]
 
