@@ -118,14 +118,9 @@ class SglangLauncher(launcher.EngineLauncher):
     advertise_kv_events = True
     server_args = None
 
-    def engine_version(self) -> str | None:
-        return engine_version()
-
-    def add_adapter_args(self, parser: argparse.ArgumentParser) -> None:
-        add_adapter_args(parser)
-
-    def build_parser(self) -> argparse.ArgumentParser:
-        return build_parser()
+    engine_version = staticmethod(engine_version)
+    add_adapter_args = staticmethod(add_adapter_args)
+    build_parser = staticmethod(build_parser)
 
     def first(self) -> None:
         os.environ.pop("OPENENGINE_GRPC_PORT", None)  # the plugin must not start a second server in here

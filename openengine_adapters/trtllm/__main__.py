@@ -85,8 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 class TrtllmLauncher(launcher.EngineLauncher):
     engine, display, prog = "tensorrt_llm", "TensorRT-LLM", PROG
 
-    def engine_version(self) -> str | None:
-        return engine_version()
+    engine_version = staticmethod(engine_version)
 
     def early_args(self) -> argparse.Namespace:
         self.ns = parse_args(self.argv)  # engine-free: every flag error before the port check

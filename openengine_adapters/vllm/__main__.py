@@ -188,14 +188,9 @@ class VllmLauncher(launcher.EngineLauncher):
     engine, display, prog, model_flag = "vllm", "vLLM", PROG, "--model"
     advertise_kv_events = True
 
-    def engine_version(self) -> str | None:
-        return engine_version()
-
-    def add_adapter_args(self, parser: argparse.ArgumentParser) -> None:
-        add_adapter_args(parser)
-
-    def build_parser(self) -> argparse.ArgumentParser:
-        return build_parser()
+    engine_version = staticmethod(engine_version)
+    add_adapter_args = staticmethod(add_adapter_args)
+    build_parser = staticmethod(build_parser)
 
     def first(self) -> None:
         log_level_from_the_start(self.argv)
