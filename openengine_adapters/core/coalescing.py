@@ -15,9 +15,11 @@ fixed rate is wrong on every machine but one. Every ``interval_s`` it reads
 The loop is busy when it uses ``loop_cpu_share`` of a core or more (``--coalesce-loop-cpu``, default
 0.5; 0 = always), or when its timer wakes ``LAG_S`` late while it uses at least half of that (it is
 behind its own work, not merely kept off the CPU while idle). While busy the spacing doubles at every
-reading, from ``MIN_TICK_S`` up to ``max_delay_s``, the bound on any token's extra delay; between
-half the threshold and the threshold it holds; under half it halves, back to sending every token at
-once. Each stream then sends at most one token message per ``spacing``:
+reading, from ``MIN_TICK_S`` up to ``max_delay_s``, the bound on any token's extra delay; at every
+other reading it halves, back to sending every token at once. (A band that held the spacing between
+half the threshold and the threshold kept 16 streams of the tiny vLLM model grouped after one lag
+spike, their loop at 0.42-0.46 of a core: inter-token p99 1.85x that of coalescing off.)
+Each stream then sends at most one token message per ``spacing``:
 
 - a finish, an error, a prefill handoff, the prompt event and the first token of each output are
   never held: they flush what is pending and go out at once;
@@ -76,7 +78,7 @@ class GroupingPolicy:
         threshold, share = self.loop_cpu_share, self.cpu_share
         if share >= threshold or (lag_s >= LAG_S and share >= threshold / 2):
             self.spacing = min(self.max_delay_s, max(MIN_TICK_S, self.spacing * 2))
-        elif share < threshold / 2:
+        else:  # no band that holds it: a lag spike at a load just under the threshold must not keep it
             self.spacing = self.spacing / 2 if self.spacing / 2 >= MIN_TICK_S else 0.0
 
     def wait_for_tick(self, flush: asyncio.Event) -> None:
